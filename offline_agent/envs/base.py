@@ -1,0 +1,150 @@
+"""The Env contract: text environments with tools, deterministic given (task, actions).
+
+An env keeps all mutable episode state in `self.state` (a picklable object), so
+snapshot/restore is one pickle and search can branch without replaying. Model text
+enters only through `act`, which parses it; a malformed action never raises: it
+becomes an observation that says what was wrong, counts as a step and is flagged.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from offline_agent.types import Task, ToolCall
+
+MAX_ARGUMENT_CHARS = 2000  # longer arguments are refused as invalid actions
+
+
+@dataclass
+class StepResult:
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    invalid: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class ActionError(ValueError):
+    """Raised by parsers/validators; `act` turns it into an invalid step, never a crash."""
+
+
+class Env(ABC):
+    """Subclasses set `name`, `tools` and implement the abstract methods."""
+
+    name: str = "env"
+    tools: list[dict] = []  # OpenAI/HF function specs: {"type": "function", "function": {...}}
+
+    def __init__(self, max_steps: int = 10, seed: int = 0):
+        self.max_steps = max_steps
+        self.seed = seed
+        self.state: Any = None
+        self.task: Task | None = None
+        self.num_steps = 0
+
+    # ---- to implement -------------------------------------------------------------------
+    @abstractmethod
+    def tasks(self, split: str, n: int) -> list[Task]:
+        """The first `n` tasks of `split` ("train" | "test"); deterministic for a given seed."""
+
+    @abstractmethod
+    def system_prompt(self) -> str:
+        """Instructions, tool descriptions and one worked example, in plain text."""
+
+    @abstractmethod
+    def _reset(self, task: Task) -> str:
+        """Set `self.state` for `task`; return the first observation."""
+
+    @abstractmethod
+    def _execute(self, call: ToolCall) -> StepResult:
+        """Run a parsed, schema-checked call. Raise ActionError for bad arguments."""
+
+    def describe_achieved(self) -> str | None:
+        """An instruction that the current (terminal) state satisfies, or None."""
+        return None
+
+    # ---- shared machinery -----------------------------------------------------------------
+    def reset(self, task: Task) -> str:
+        self.task = task
+        self.num_steps = 0
+        return self._reset(task)
+
+    def step(self, call: ToolCall) -> StepResult:
+        """Execute a tool call; invalid calls become flagged observations."""
+        try:
+            validate_call(call, self.tools)
+            result = self._execute(call)
+        except ActionError as e:
+            result = StepResult(observation=f"Invalid action: {e}", invalid=True)
+        return self._count(result)
+
+    def act(self, text: str) -> tuple[ToolCall | None, StepResult]:
+        """Parse model text into a tool call and execute it."""
+        from offline_agent.envs.parser import parse_action
+
+        try:
+            call = parse_action(text, self.tools)
+        except ActionError as e:
+            return None, self._count(StepResult(observation=f"Invalid action: {e}", invalid=True))
+        return call, self.step(call)
+
+    def _count(self, result: StepResult) -> StepResult:
+        self.num_steps += 1
+        if not result.done and self.num_steps >= self.max_steps:
+            result.done = True
+            result.info["truncated"] = True
+            result.observation += "\n[Step limit reached: episode over.]"
+        return result
+
+    def snapshot(self) -> bytes:
+        return pickle.dumps((self.task, self.num_steps, self.state))
+
+    def restore(self, blob: bytes) -> None:
+        self.task, self.num_steps, self.state = pickle.loads(blob)
+
+
+def validate_call(call: ToolCall, tools: list[dict]) -> None:
+    """Check a call against the tools' JSON schemas: known name, required args, basic types."""
+    specs = {t["function"]["name"]: t["function"] for t in tools}
+    if call.name not in specs:
+        raise ActionError(f"unknown tool {call.name!r}; available: {', '.join(specs)}")
+    params = specs[call.name].get("parameters", {})
+    props = params.get("properties", {})
+    missing = [k for k in params.get("required", []) if k not in call.arguments]
+    if missing:
+        raise ActionError(f"{call.name} is missing argument(s): {', '.join(missing)}")
+    unknown = [k for k in call.arguments if k not in props]
+    if unknown:
+        raise ActionError(f"{call.name} got unknown argument(s): {', '.join(unknown)}")
+    py_types = {"string": str, "number": (int, float), "integer": int, "boolean": bool}
+    for key, value in call.arguments.items():
+        want = py_types.get(props[key].get("type", ""))
+        if want and not isinstance(value, want):
+            raise ActionError(f"{call.name}.{key} must be a {props[key]['type']}")
+        if len(str(value)) > MAX_ARGUMENT_CHARS:
+            raise ActionError(f"{call.name}.{key} is too long ({len(str(value))} chars)")
+
+
+BUILTIN_ENVS = {
+    "minishop": "offline_agent.envs.minishop:MiniShop",
+    "math": "offline_agent.envs.calculator:CalculatorMath",
+    "python": "offline_agent.envs.python_tasks:PythonTasks",
+}
+
+
+def load_env(spec: str, **kwargs: Any) -> Env:
+    """Build an env from a built-in name or an import path `package.module:Class`."""
+    path = BUILTIN_ENVS.get(spec, spec)
+    if ":" not in path:
+        raise ValueError(
+            f"unknown env {spec!r}: use one of {sorted(BUILTIN_ENVS)} or 'package.module:Class'"
+        )
+    module, _, attr = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load env {spec!r}: {e}") from e
+    return cls(**kwargs)

@@ -1,0 +1,47 @@
+"""The policy backend contract: sample completions for rendered prompts, score continuations.
+
+Prompts are strings already rendered with the tokenizer's chat template (see
+offline_agent.chat), so every backend sees exactly the same text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class Sampling:
+    """Decoding settings for one `sample` call."""
+
+    max_new_tokens: int = 48
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)  # cut the text at the first stop string
+    seed: int | None = None  # seeds this call; same seed + inputs -> same outputs on CPU
+
+
+@dataclass
+class Completion:
+    text: str  # decoded text, cut at the first stop string (the stop string is not included)
+    token_ids: list[int]  # generated ids that produced `text`
+    logprobs: list[float]  # per-token log-prob of each id under the sampling distribution's model
+    finish_reason: str = "length"  # "stop" (eos or stop string) | "length"
+
+    @property
+    def logprob(self) -> float:
+        return float(sum(self.logprobs))
+
+
+class Policy(Protocol):
+    """What search, eval and GRPO need from a generation backend."""
+
+    tokenizer: object
+
+    def sample(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
+        """n completions for each prompt, batched into as few forward passes as possible."""
+        ...
+
+    def score(self, prompt: str, continuations: list[str]) -> list[float]:
+        """Summed log-prob of each continuation given the prompt, in one batched forward."""
+        ...

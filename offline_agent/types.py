@@ -1,0 +1,80 @@
+"""Plain data passed between stages. No behaviour here, so every module can import it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class ToolCall:
+    """A parsed action: the tool's name and its JSON arguments."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Message:
+    """One chat turn. `tool_calls` is set on assistant turns whose text parsed into a call."""
+
+    role: str  # "system" | "user" | "assistant" | "tool"
+    content: str
+    tool_calls: list[ToolCall] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [
+                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        return d
+
+
+@dataclass
+class Task:
+    """One episode's goal. `data` holds what the env's verifier needs (target item, answer, tests)."""
+
+    id: str
+    env: str
+    instruction: str
+    split: str = "train"
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Step:
+    """One agent turn: the raw text the policy wrote, what it parsed into, and what came back."""
+
+    action: str
+    observation: str
+    tool_call: ToolCall | None = None
+    reward: float = 0.0
+    done: bool = False
+    invalid: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """A full episode: the prompt the agent saw (system + instruction) and its steps."""
+
+    task_id: str
+    env: str
+    instruction: str
+    first_observation: str
+    steps: list[Step] = field(default_factory=list)
+    reward: float = 0.0
+    achieved: str | None = None  # instruction the final state satisfies (hindsight)
+
+    @property
+    def success(self) -> bool:
+        return self.reward >= 1.0
+
+    @property
+    def done(self) -> bool:
+        return bool(self.steps) and self.steps[-1].done
