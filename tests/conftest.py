@@ -1,0 +1,46 @@
+"""Shared fixtures: the embedded model's real tokenizer and a tiny random Llama built in-process."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def embedded_dir() -> str:
+    """Folder of the embedded SmolLM2 model (converted from GGUF once, then cached)."""
+    from offline_agent.policy.models import DEFAULT_MODEL, resolve_model
+
+    return resolve_model(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(embedded_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(embedded_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer) -> str:
+    """A 2-layer random Llama with SmolLM2's tokenizer and chat template, saved to disk."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
