@@ -62,9 +62,17 @@ class Env(ABC):
     def _execute(self, call: ToolCall) -> StepResult:
         """Run a parsed, schema-checked call. Raise ActionError for bad arguments."""
 
-    def describe_achieved(self) -> str | None:
-        """An instruction that the current (terminal) state satisfies, or None."""
+    def achieved_task(self) -> Task | None:
+        """A task that the current terminal state satisfies (hindsight relabeling), or None.
+
+        Its reward for the same actions must be 1; None where relabeling makes no sense.
+        """
         return None
+
+    def describe_achieved(self) -> str | None:
+        """The instruction of `achieved_task()`, or None."""
+        task = self.achieved_task()
+        return task.instruction if task else None
 
     # ---- shared machinery -----------------------------------------------------------------
     def reset(self, task: Task) -> str:

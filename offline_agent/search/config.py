@@ -1,0 +1,44 @@
+"""Search settings. Lives beside the algorithm so `offline_agent` never imports `pipelines`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class SearchConfig:
+    simulations: int = _f(8, "MCTS simulations per task (select, expand, rollout, backup)")
+    k: int = _f(4, "candidate actions the policy proposes at each expanded node")
+    c: float = _f(1.0, "exploration constant in UCB1 / PUCT")
+    selection: str = _f("ucb1", "ucb1 (Agent Q eq. 7) or puct (critic score as prior)")
+    max_depth: int = _f(8, "deepest node (agent steps) a tree or rollout may reach")
+    expand_temperature: float = _f(1.0, "sampling temperature for the K proposals")
+    rollout_temperature: float = _f(0.7, "sampling temperature for rollouts to a terminal state")
+    max_new_tokens: int = _f(48, "token budget of one action")
+    alpha: float = _f(0.5, "critic weight in Q = alpha*Q_mcts + (1-alpha)*Q_critic (eq. 10)")
+    step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")
+    critic: str = _f("logprob", "logprob: one batched scoring of choice labels; none: uniform")
+    trees_per_batch: int = _f(16, "trees advanced together; one generate call serves them all")
+    seed: int = _f(0, "base seed; sampling is seeded per (task, simulation)")
+    shard: str = _f("0/1", "i/n: search tasks[i::n] only (scale-out over machines)")
+
+    def __post_init__(self):
+        if self.selection not in ("ucb1", "puct"):
+            raise ValueError(f"search.selection must be ucb1 or puct, got {self.selection!r}")
+        if self.critic not in ("logprob", "none"):
+            raise ValueError(f"search.critic must be logprob or none, got {self.critic!r}")
+        i, _, n = self.shard.partition("/")
+        if not (i.isdigit() and n.isdigit() and int(i) < int(n)):
+            raise ValueError(f"search.shard must look like i/n with 0 <= i < n, got {self.shard!r}")
+        for name in ("simulations", "k", "max_depth", "max_new_tokens", "trees_per_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"search.{name} must be >= 1")
+
+    @property
+    def shard_index(self) -> tuple[int, int]:
+        i, _, n = self.shard.partition("/")
+        return int(i), int(n)
