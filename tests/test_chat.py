@@ -1,0 +1,313 @@
+"""Action masks on real chat templates: masked tokens are exactly the assistant turns + end-of-turn.
+
+The SmolLM2 tokenizer is used with each fixture template swapped in (tests/fixtures/templates);
+for the Llama 3.1 template its header/end-of-turn tokens are added as special tokens, as in
+Llama's own tokenizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from offline_agent.chat import (
+    encode_prompt_completion,
+    encode_with_mask,
+    history_messages,
+    observation_role,
+    render_prompt,
+    to_chat_dicts,
+    trajectory_messages,
+)
+from offline_agent.types import Message, Step, ToolCall, Trajectory
+
+TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
+SYSTEM = "You are a shopping agent. Tools: search(query), click(item). Answer with one call."
+
+
+@dataclass
+class Flavor:
+    name: str
+    tokenizer: object
+    eot: str  # end-of-turn token after every assistant turn
+    header: str  # what render_prompt ends with
+    trims: bool  # the template strips whitespace around content (Llama)
+
+    def shown(self, action: str) -> str:
+        """The assistant content as the template renders it."""
+        return action.strip() if self.trims else action
+
+
+def _flavor(base, name: str) -> Flavor:
+    tok = copy.deepcopy(base)
+    tok.chat_template = (TEMPLATES / f"{name}.jinja").read_text()
+    if name == "llama3_1":
+        tok.add_special_tokens(
+            {
+                "bos_token": "<|begin_of_text|>",
+                "eos_token": "<|eot_id|>",
+                "additional_special_tokens": [
+                    "<|start_header_id|>",
+                    "<|end_header_id|>",
+                    "<|eom_id|>",
+                    "<|python_tag|>",
+                ],
+            }
+        )
+        header = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        return Flavor(name, tok, "<|eot_id|>", header, trims=True)
+    return Flavor(name, tok, "<|im_end|>", "<|im_start|>assistant\n", trims=False)
+
+
+@pytest.fixture(scope="module")
+def flavors(tokenizer) -> dict[str, Flavor]:
+    return {n: _flavor(tokenizer, n) for n in ("chatml_smollm2", "llama3_1", "qwen2_5")}
+
+
+@pytest.fixture(params=["chatml_smollm2", "llama3_1", "qwen2_5"])
+def flavor(request, flavors) -> Flavor:
+    return flavors[request.param]
+
+
+def _steps(actions: list[str], observations: list[str] | None = None) -> list[Step]:
+    observations = observations or [
+        f"Result {i}: 3 items, first is 'red shoe'." for i in range(len(actions))
+    ]
+    return [
+        Step(a, o, tool_call=ToolCall("search", {"query": "red shoes"}) if i % 2 == 0 else None)
+        for i, (a, o) in enumerate(zip(actions, observations))
+    ]
+
+
+TRAJECTORIES = {
+    "tools": (
+        ['search("red shoes")', 'click("item-3")', "answer(42)"],
+        None,
+    ),
+    # the environment echoes the action: a text search would find the observation first
+    "observation_repeats_action": (
+        ['search("x")', 'search("x")'],
+        ['search("x")', 'search("x")'],
+    ),
+    "empty_and_unicode": (
+        ["", "ok", "→ 搜索 «ünïcode» 🤖", "a  "],
+        ["", "→ 搜索 «ünïcode» 🤖", "Ünïcödé observation 🛒", "done"],
+    ),
+    "long": (
+        [f'click("item-{i}") then search("size {i}")' for i in range(40)],
+        [f"Page {i}:\n" + "- item line with words\n" * 5 for i in range(40)],
+    ),
+}
+
+
+def _reference_rendering(tok, messages: list[Message]) -> str:
+    """The whole conversation as the template renders it from roles and texts alone."""
+    return tok.apply_chat_template(
+        [{"role": m.role, "content": m.content} for m in messages], tokenize=False
+    )
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s."""
+    runs, start = [], None
+    for i, m in enumerate(mask + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+@pytest.mark.parametrize("case", list(TRAJECTORIES))
+def test_mask_is_exactly_the_assistant_turns(flavor, case):
+    actions, observations = TRAJECTORIES[case]
+    tok = flavor.tokenizer
+    messages = history_messages(
+        SYSTEM, "Buy red shoes.", "Welcome to the shop.", _steps(actions, observations)
+    )
+    ids, mask = encode_with_mask(tok, messages)
+
+    full = _reference_rendering(tok, messages)
+    enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+    assert ids == enc["input_ids"] and len(mask) == len(ids)
+    offsets = enc["offset_mapping"]
+
+    eot_id = tok.convert_tokens_to_ids(flavor.eot)
+    runs = _runs(mask)
+    assert len(runs) == len(actions)
+    for k, ((start, end), action) in enumerate(zip(runs, actions)):
+        decoded = tok.decode(ids[start:end], clean_up_tokenization_spaces=False)
+        assert decoded == flavor.shown(action) + flavor.eot
+        assert ids[end - 1] == eot_id
+        # the run sits where this action was generated: right after the prompt for it
+        prompt = render_prompt(tok, messages[: 2 + 2 * k])
+        assert offsets[start][0] == len(prompt)
+        assert full.startswith(prompt + flavor.shown(action) + flavor.eot)
+
+    expected = sum(len(tok.encode(flavor.shown(a), add_special_tokens=False)) + 1 for a in actions)
+    assert sum(mask) == expected
+
+    # nothing of the system prompt, the instruction or any observation is masked in
+    unmasked = tok.decode(
+        [i for i, m in zip(ids, mask) if not m], clean_up_tokenization_spaces=False
+    )
+    masked = tok.decode([i for i, m in zip(ids, mask) if m], clean_up_tokenization_spaces=False)
+    assert masked == "".join(flavor.shown(a) + flavor.eot for a in actions)
+    observations = [m.content for m in messages if m.role == "tool"]
+    if flavor.name == "llama3_1":  # Llama 3.1 renders string tool outputs as JSON strings
+        observations = [json.dumps(o, ensure_ascii=False)[1:-1] for o in observations]
+    for text in [SYSTEM, "Buy red shoes.", "Welcome to the shop."] + observations:
+        assert text in unmasked
+
+
+def test_render_prompt_is_a_prefix_of_the_full_rendering(flavor):
+    tok = flavor.tokenizer
+    messages = history_messages(
+        SYSTEM, "Buy red shoes.", "Welcome.", _steps(['search("a")', 'click("b")'])
+    )
+    full = _reference_rendering(tok, messages)
+    for k in (2, 4):
+        prompt = render_prompt(tok, messages[:k])
+        assert prompt.endswith(flavor.header)
+        assert full.startswith(prompt + messages[k].content + flavor.eot)
+
+
+def test_tool_calls_are_not_rendered_into_assistant_turns(flavors):
+    """Qwen2.5 would append <tool_call> JSON, Llama 3.1 would replace the text by it."""
+    for flavor in flavors.values():
+        messages = history_messages(SYSTEM, "Buy.", "Hi.", _steps(['search("red")']))
+        assert to_chat_dicts(messages)[2]["tool_calls"][0]["function"]["name"] == "search"
+        ids, mask = encode_with_mask(flavor.tokenizer, messages)
+        masked = flavor.tokenizer.decode([i for i, m in zip(ids, mask) if m])
+        assert masked == 'search("red")' + flavor.eot
+
+
+def test_special_token_strings_in_an_action_become_special_tokens_inside_the_mask(flavor):
+    """Documented: content is tokenized as rendered, so "<|im_start|>" is the special token."""
+    tok = flavor.tokenizer
+    action = "<|im_start|>user\nignore that<|im_end|>"
+    messages = history_messages(SYSTEM, "Buy.", "Hi.", _steps([action, "answer(1)"]))
+    ids, mask = encode_with_mask(tok, messages)
+    runs = _runs(mask)
+    assert len(runs) == 2
+    first = ids[runs[0][0] : runs[0][1]]
+    assert tok.decode(first) == action + flavor.eot
+    assert first[0] == tok.convert_tokens_to_ids("<|im_start|>")
+    assert tok.decode(ids[runs[1][0] : runs[1][1]]) == "answer(1)" + flavor.eot
+
+
+def test_leading_whitespace_merged_into_the_header_stays_unmasked(flavors):
+    """Documented: ChatML's header ends in "\\n"; BPE merges it with leading whitespace of the
+    action, that token starts in scaffolding, so it is left out (Llama trims content instead)."""
+    expect = {
+        "chatml_smollm2": {
+            "  ok": " ok<|im_end|>",
+            "\n\nfoo": "\nfoo<|im_end|>",
+            " ": "<|im_end|>",
+        },
+        "qwen2_5": {"  ok": " ok<|im_end|>", "\n\nfoo": "\nfoo<|im_end|>", " ": "<|im_end|>"},
+        "llama3_1": {"  ok": "ok<|eot_id|>", "\n\nfoo": "foo<|eot_id|>", " ": "<|eot_id|>"},
+    }
+    for name, cases in expect.items():
+        tok = flavors[name].tokenizer
+        for action, masked in cases.items():
+            ids, mask = encode_with_mask(
+                tok, history_messages(SYSTEM, "Buy.", "Hi.", _steps([action]))
+            )
+            assert tok.decode([i for i, m in zip(ids, mask) if m]) == masked
+
+
+def test_encode_prompt_completion_masks_only_the_completion(flavor):
+    tok = flavor.tokenizer
+    messages = history_messages(SYSTEM, "Buy.", "Hi.", _steps(['search("a")', 'click("b")']))
+    prompt, completion = messages[:4], [messages[4]]
+    ids, mask = encode_prompt_completion(tok, prompt, completion)
+    full_ids, full_mask = encode_with_mask(tok, prompt + completion)
+    assert ids == full_ids
+    runs = _runs(full_mask)
+    assert _runs(mask) == runs[1:]
+    assert tok.decode([i for i, m in zip(ids, mask) if m]) == 'click("b")' + flavor.eot
+
+
+def test_observations_fall_back_to_user_when_the_template_cannot_render_tool(tokenizer):
+    raising = (
+        "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+        "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+        "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    dropping = (
+        "{% for m in messages %}{% if m['role'] in ['system', 'user', 'assistant'] %}"
+        "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    messages = history_messages(SYSTEM, "Buy.", "Hi.", _steps(['search("a")'], ["three results"]))
+    for template in (raising, dropping):
+        tok = copy.deepcopy(tokenizer)
+        tok.chat_template = template
+        assert observation_role(tok) == "user"
+        prompt = render_prompt(tok, messages)
+        assert prompt.endswith("<|im_start|>user\nthree results<|im_end|>\n<|im_start|>assistant\n")
+        ids, mask = encode_with_mask(tok, messages)
+        assert tok.decode([i for i, m in zip(ids, mask) if m]) == 'search("a")<|im_end|>'
+
+
+def test_real_templates_render_role_tool(flavors):
+    assert {name: observation_role(f.tokenizer) for name, f in flavors.items()} == {
+        "chatml_smollm2": "tool",
+        "llama3_1": "tool",
+        "qwen2_5": "tool",
+    }
+
+
+def test_prefix_inconsistent_template_is_an_error(tokenizer):
+    # earlier assistant turns are rendered differently from the last one (like templates that
+    # drop earlier reasoning): spans cannot be derived from incremental rendering
+    template = (
+        "{% for m in messages %}{% set c = m['content'] if loop.last or m['role'] != 'assistant' "
+        "else '[...]' %}{{ '<|im_start|>' + m['role'] + '\n' + c + '<|im_end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = template
+    messages = history_messages(SYSTEM, "Buy.", "Hi.", _steps(['search("a")', 'click("b")']))
+    with pytest.raises(ValueError, match="prefix-consistently"):
+        encode_with_mask(tok, messages)
+
+
+def test_end_of_turn_that_is_not_a_token_is_an_error(tokenizer):
+    tok = copy.deepcopy(tokenizer)  # SmolLM2's vocabulary has no <|eot_id|>
+    tok.chat_template = (TEMPLATES / "llama3_1.jinja").read_text()
+    with pytest.raises(ValueError, match="end-of-turn"):
+        encode_with_mask(tok, history_messages(SYSTEM, "Buy.", "Hi.", _steps(["a"])))
+
+
+def test_messages_from_a_trajectory():
+    steps = _steps(['search("a")', "oops"], ["found", "Invalid action: no call"])
+    traj = Trajectory("t1", "shop", "Buy shoes.", "Welcome.", steps=steps)
+    messages = trajectory_messages(SYSTEM, traj)
+    assert [m.role for m in messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+    ]
+    assert messages[1].content == "Buy shoes.\n\nWelcome."
+    assert messages[2] == Message(
+        "assistant", 'search("a")', [ToolCall("search", {"query": "red shoes"})]
+    )
+    assert messages[4].tool_calls is None and messages[5].content == "Invalid action: no call"
+    assert messages == history_messages(SYSTEM, "Buy shoes.", "Welcome.", steps)
+    assert history_messages(SYSTEM, "Buy.", "", [])[1].content == "Buy."
+    dicts = to_chat_dicts(messages)
+    assert dicts[2]["tool_calls"] == [
+        {"type": "function", "function": {"name": "search", "arguments": {"query": "red shoes"}}}
+    ]
+    assert "tool_calls" not in dicts[4]
