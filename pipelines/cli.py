@@ -1,0 +1,156 @@
+"""offline-agent: run the pipeline, inspect a run, merge shard runs.
+
+User mistakes (bad config key, changed config, run in use) end with one line on stderr and
+exit code 2; a traceback means a bug or a failing stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from pipelines.config import ConfigError, RunConfig, help_lines
+from pipelines.progress import read_progress
+from pipelines.runner import RunError
+from storage import Store, StoreError, StoreInUse
+
+USER_ERRORS = (ConfigError, RunError, StoreError, FileNotFoundError, FileExistsError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except USER_ERRORS as e:
+        print(f"offline-agent: error: {e}", file=sys.stderr)
+        return 2
+
+
+def parser() -> argparse.ArgumentParser:
+    from pipelines.stages import STAGES
+
+    stage_names = ", ".join(s.name for s in STAGES)
+    p = argparse.ArgumentParser(
+        prog="offline-agent",
+        description="Offline Agent Q: MCTS search, preference mining and training for small "
+        "tool-using LLM agents. Every stage resumes from the run's DuckDB store.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    r = sub.add_parser(
+        "run",
+        help="run the pipeline (resumes; finished stages are skipped)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"Run the stages in order: {stage_names}. Re-running the same command "
+        "resumes; finished stages are skipped.",
+        epilog="config keys (defaults < CONFIG < --set):\n" + "\n".join(help_lines()),
+    )
+    r.add_argument("config", type=Path, metavar="CONFIG", help="YAML config, e.g. configs/default.yaml")
+    r.add_argument("--run-dir", type=Path, help="run directory (default: runs/<run.name>-<time>)")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, value parsed as YAML (repeatable): --set search.k=8")
+    which = r.add_mutually_exclusive_group()
+    which.add_argument("--until", metavar="STAGE", help="stop after this stage")
+    which.add_argument("--only", metavar="STAGE", help="run just this stage (earlier ones done)")
+    r.add_argument("--force", action="store_true",
+                   help="discard stored results whose config changed, and recompute them")
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("status", help="show a run's stages and row counts (also while it runs)")
+    s.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    s.set_defaults(func=cmd_status)
+
+    m = sub.add_parser(
+        "merge",
+        help="merge shard runs (search.shard=i/n) into one run directory",
+        description="Copy the stores of shard runs into OUT/store.duckdb, in one transaction. "
+        "Rows equal in several shards (the tasks) are kept once; a key holding different rows, "
+        "or shards run with different configs, is an error. Then continue with "
+        "`offline-agent run CONFIG --run-dir OUT`: finished trees are not searched again.",
+    )
+    m.add_argument("out", type=Path, metavar="OUT", help="new run directory for the merged store")
+    m.add_argument("shards", type=Path, nargs="+", metavar="SHARD_DIR",
+                   help="run directories of the shards")
+    m.set_defaults(func=cmd_merge)
+    return p
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pipelines.runner import run
+    from pipelines.stages import STAGES
+
+    cfg = RunConfig.load(args.config, args.overrides)
+    run_dir = args.run_dir or Path("runs") / f"{cfg.run.name}-{datetime.now():%Y%m%d-%H%M%S}"
+    try:
+        run(cfg, run_dir, STAGES, until=args.until, only=args.only, force=args.force)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; rerun the same command to resume.\nrun directory: {run_dir}",
+              file=sys.stderr)
+        return 130
+    print(f"run directory: {run_dir}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    path = args.run_dir / "store.duckdb"
+    try:
+        store = Store(path, read_only=True)
+    except StoreInUse as e:
+        print(f"{path} is locked by PID {e.pid} (a run is in progress), so this is its "
+              "progress.json:")
+        print(_progress_text(args.run_dir))
+        return 0
+    with store:
+        print(f"run directory: {args.run_dir}  (run id {store.run_id})")
+        print("stages:")
+        for row in store.stages():
+            shard = f" [{row['shard']}]" if row["shard"] else ""
+            took = (f"{(row['finished_at'] - row['started_at']).total_seconds():.1f}s"
+                    if row["finished_at"] else "")
+            # we hold the lock, so no process is running it: it was killed
+            status = "interrupted" if row["status"] == "running" else row["status"]
+            print(f"  {row['stage'] + shard:<22} {status:<11} {took:>8}  {row['stats'] or ''}")
+        counts = store.counts()
+        print("rows: " + ", ".join(f"{t} {counts[t]}" for t in
+                                   ("tasks", "trees", "nodes", "trajectories", "pairs")))
+    return 0
+
+
+def _progress_text(run_dir: Path) -> str:
+    p = read_progress(run_dir)
+    if p is None:
+        return "  (no progress.json yet)"
+    updated = datetime.fromisoformat(p["updated_at"])
+    ago = (datetime.now().astimezone() - updated).total_seconds()
+    shard = f" [shard {p['shard']}]" if p.get("shard") else ""
+    counters = " ".join(f"{k}={v}" for k, v in p.get("counters", {}).items())
+    return (f"  stage {p['stage']}{shard}: {p['status']}  {counters}\n"
+            f"  written by PID {p['pid']}, {ago:.0f}s ago")
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    target = args.out / "store.duckdb"
+    if target.exists():
+        raise FileExistsError(f"{target} exists; merge into a new directory")
+    shards = [d / "store.duckdb" for d in args.shards]
+    for path in shards:
+        if not path.exists():
+            raise FileNotFoundError(f"no store at {path}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        with Store(target) as store:
+            added = store.merge_from(shards)
+    except BaseException:
+        for leftover in (target, target.with_name(target.name + ".wal")):
+            leftover.unlink(missing_ok=True)
+        raise
+    print("merged rows: " + ", ".join(f"{t} {n}" for t, n in added.items()))
+    print(f"run directory: {args.out}  (continue with: offline-agent run CONFIG "
+          f"--run-dir {args.out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""RunConfig: one dataclass per section, loaded from YAML, then `--set a.b=c` overrides.
+
+Precedence: dataclass defaults < YAML < --set. Unknown keys and wrong types are errors that
+name the key, because a typo silently falling back to a default wastes a whole run.
+Stages depend on sections; `hash(sections)` is what the runner compares to decide whether
+stored results still match the config.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+import re
+import types
+from collections.abc import Sequence
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from offline_agent.envs.base import BUILTIN_ENVS
+from offline_agent.policy.models import DEFAULT_MODEL
+from offline_agent.search.config import SearchConfig
+
+# Keys that say how or where work runs, not what it computes: left out of stage hashes, so
+# renaming a run or merging shards never invalidates finished stages.
+UNHASHED = {"run.name", "search.shard"}
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config file or --set override."""
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+def _choice(section: str, name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{section}.{name} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+@dataclass
+class RunSection:
+    name: str = _f("offline-agent", "label; the default run directory is runs/<name>-<timestamp>")
+    seed: int = _f(0, "seed of task generation (the env's seed)")
+
+
+@dataclass
+class ModelConfig:
+    id: str = _f(DEFAULT_MODEL, "embedded:<name>, a local model folder or a Hugging Face repo id")
+    backend: str = _f("hf", "hf (transformers, CPU or GPU) or vllm (GPU only)")
+    device: str = _f("auto", "auto (cuda when available), cpu or cuda")
+    dtype: str = _f("auto", "auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
+    max_batch: int = _f(32, "most sequences in one generate or forward call")
+    adapter: str | None = _f(None, "LoRA adapter folder applied on top of the model; null: none")
+
+    def __post_init__(self):
+        _choice("model", "backend", self.backend, ("hf", "vllm"))
+        _choice("model", "device", self.device, ("auto", "cpu", "cuda"))
+        _choice("model", "dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
+        if self.max_batch < 1:
+            raise ConfigError("model.max_batch must be >= 1")
+
+
+@dataclass
+class EnvConfig:
+    name: str = _f("minishop", "built-in env (minishop, math, python) or 'package.module:Class'")
+    kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "extra keyword arguments of the env constructor"}
+    )
+    train_tasks: int = _f(32, "tasks of the train split (searched, mined, trained on)")
+    test_tasks: int = _f(16, "tasks of the test split (held out for evaluation)")
+
+    def __post_init__(self):
+        if self.name not in BUILTIN_ENVS and ":" not in self.name:
+            raise ConfigError(f"env.name must be one of {', '.join(BUILTIN_ENVS)} or "
+                              f"'package.module:Class', got {self.name!r}")
+        if self.train_tasks < 0 or self.test_tasks < 0:
+            raise ConfigError("env.train_tasks and env.test_tasks must be >= 0")
+
+
+@dataclass
+class RunConfig:
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+
+    # ---- building ----------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+        """YAML file (or nothing: defaults), then `key=value` overrides."""
+        data: dict = {}
+        if path is not None:
+            path = Path(path)
+            if not path.is_file():
+                raise ConfigError(f"config file {path} does not exist")
+            try:
+                data = yaml.safe_load(path.read_text()) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{path} is not valid YAML: {e}") from None
+            if not isinstance(data, dict):
+                raise ConfigError(f"{path} must hold a mapping of sections")
+        for item in overrides:
+            apply_override(data, item)
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunConfig:
+        return _build(cls, data, "")
+
+    # ---- reading -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def hashed(self, sections: Sequence[str]) -> dict[str, Any]:
+        """The part of the config a stage's results depend on (UNHASHED keys left out)."""
+        full = self.to_dict()
+        out = {}
+        for section in sorted(sections):
+            if section not in full:
+                raise KeyError(f"unknown config section {section!r}")
+            out[section] = {
+                k: v for k, v in full[section].items() if f"{section}.{k}" not in UNHASHED
+            }
+        return out
+
+    def hash(self, sections: Sequence[str]) -> str:
+        """Stable across processes and key order: sha256 of canonical JSON, 16 hex digits."""
+        text = json.dumps(self.hashed(sections), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def apply_override(data: dict, item: str) -> None:
+    """Apply one `a.b.c=value` (value parsed as a YAML scalar) to a nested dict in place."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects key=value, got {item!r}")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ConfigError(f"--set {key}: cannot parse value {raw!r}") from None
+    parts = key.strip().split(".")
+    if len(parts) < 2:
+        raise ConfigError(f"--set {key}: keys look like section.field, e.g. search.k=8")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config key '{'.'.join(parts[: i + 1])}' is not a mapping")
+    node[parts[-1]] = value
+
+
+def diff(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Flattened differences `key: old -> new` between two nested config dicts."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key, "<unset>"), new.get(key, "<unset>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += diff(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
+def help_lines(cls: type = RunConfig, prefix: str = "") -> list[str]:
+    """`section.key = default  help` for every field, for --help."""
+    lines = []
+    hints = get_type_hints(cls)
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            lines += help_lines(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            default = f.default if f.default_factory is MISSING else f.default_factory()
+            lines.append(f"  {prefix}{f.name} = {default!r}  {f.metadata.get('help', '')}")
+    return lines
+
+
+def _build(cls: type, data: Any, prefix: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"config key '{prefix.rstrip('.') or '<root>'}' must be a mapping")
+    hints = get_type_hints(cls)
+    names = [f.name for f in fields(cls)]
+    for key in data:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(names)}"
+            raise ConfigError(f"unknown config key '{prefix}{key}' ({hint})")
+    kwargs = {}
+    for name, value in data.items():
+        kind = hints[name]
+        if is_dataclass(kind):
+            kwargs[name] = _build(kind, value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _check(value, kind, f"{prefix}{name}")
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as e:  # a section's own validation
+        raise ConfigError(str(e)) from None
+
+
+_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _check(value: Any, kind: Any, key: str) -> Any:
+    """Return `value` if it fits the annotation `kind`, else raise ConfigError naming `key`."""
+    origin = get_origin(kind)
+    if origin in (Union, types.UnionType):
+        options = get_args(kind)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _check(value, option, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"config key '{key}' must be {_name(kind)}, got {value!r}")
+    ok = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+        or (isinstance(v, str) and bool(_FLOAT.match(v))),  # YAML reads 1e-3 as a string
+        str: lambda v: isinstance(v, str),
+        dict: lambda v: isinstance(v, dict),
+        list: lambda v: isinstance(v, list),
+    }
+    base = origin or kind
+    if base is Any:
+        return value
+    if base not in ok:
+        raise TypeError(f"config key '{key}': unsupported annotation {kind!r}")
+    if not ok[base](value):
+        raise ConfigError(f"config key '{key}' must be {_name(kind)}, got {value!r}")
+    return float(value) if base is float else copy.deepcopy(value)
+
+
+def _name(kind: Any) -> str:
+    if get_origin(kind) in (Union, types.UnionType):
+        return " or ".join(_name(a) for a in get_args(kind))
+    if kind is type(None):
+        return "null"
+    base = get_origin(kind) or kind
+    return {dict: "a mapping", list: "a list"}.get(base, getattr(base, "__name__", str(base)))

@@ -1,0 +1,53 @@
+"""RUN_DIR/progress.json: live status for readers that cannot open the store.
+
+While a run writes, DuckDB's file lock keeps every other process out of store.duckdb, even
+read-only. So the runner also writes this small file, replaced atomically (write a temp
+file, then os.replace) so a reader never sees half of it. Call `update` per batch, not per
+row: each call is one small file write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+FILENAME = "progress.json"
+
+
+class Progress:
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / FILENAME
+        self.state: dict[str, Any] = {"stage": None, "shard": "", "status": "starting",
+                                      "counters": {}}
+
+    def start(self, stage: str, shard: str) -> None:
+        """A stage begins: counters reset."""
+        self.state.update(stage=stage, shard=shard, status="running", counters={})
+        self._write()
+
+    def update(self, **counters: Any) -> None:
+        """Merge counters (e.g. trees_done=3, simulations=24) into the current stage's."""
+        self.state["counters"].update(counters)
+        self._write()
+
+    def status(self, status: str) -> None:
+        """done | failed | finished (the whole run) | interrupted."""
+        self.state["status"] = status
+        self._write()
+
+    def _write(self) -> None:
+        self.state.update(pid=os.getpid(), updated_at=datetime.now().astimezone().isoformat())
+        tmp = self.path.with_name(f".{FILENAME}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.state, indent=1, default=str))
+        os.replace(tmp, self.path)
+
+
+def read_progress(run_dir: str | Path) -> dict | None:
+    """The last progress written to `run_dir`, or None when there is none."""
+    path = Path(run_dir) / FILENAME
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())

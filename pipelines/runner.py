@@ -1,0 +1,170 @@
+"""Stage runner: runs an ordered list of stages against one run directory, resumably.
+
+Each stage's row in the store's `stages` table holds its status (running | done | failed),
+the hash of the config sections it depends on, its stats and timings. Re-running skips
+done stages; a stage left running or failed by a crash runs again and resumes from what
+it stored. Stored results made under a different config are never mixed with new ones:
+the runner refuses, or with `force` clears them first.
+
+A stage lists every section its results depend on, upstream ones included (search lists
+env and model too), so a change invalidates exactly the stages it affects.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.config import RunConfig, diff
+from pipelines.progress import Progress
+from storage import Store
+
+
+class RunError(Exception):
+    """A request the runner refuses (changed config, unknown stage, missing inputs)."""
+
+
+def unsharded(cfg: RunConfig) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    sections: tuple[str, ...]  # config sections the results depend on (hashed)
+    fn: Callable[[StageContext], dict]  # does the work, calls ctx.finish(stats), returns stats
+    shard: Callable[[RunConfig], str] = unsharded  # 'i/n' for a stage split over machines
+
+
+@dataclass
+class StageContext:
+    cfg: RunConfig
+    run_dir: Path
+    store: Store
+    progress: Progress
+    stage: str
+    shard: str
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """RUN_DIR/checkpoints/<stage>/ for files too big for the store (e.g. adapters)."""
+        path = self.run_dir / "checkpoints" / self.stage
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def finish(self, stats: dict) -> None:
+        """Mark the stage done. Call it inside the transaction that commits the last outputs,
+        so a crash leaves either both or neither."""
+        self.store.finish_stage(self.stage, self.shard, stats)
+
+
+def plan(stages: Sequence[Stage], until: str | None, only: str | None) -> list[Stage]:
+    names = [s.name for s in stages]
+    if until and only:
+        raise RunError("use --until or --only, not both")
+    for name in (until, only):
+        if name and name not in names:
+            raise RunError(f"unknown stage {name!r}; stages: {', '.join(names)}")
+    if until:
+        return list(stages[: names.index(until) + 1])
+    if only:
+        return [stages[names.index(only)]]
+    return list(stages)
+
+
+def run(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    stages: Sequence[Stage],
+    until: str | None = None,
+    only: str | None = None,
+    force: bool = False,
+) -> dict[str, dict]:
+    """Run the planned stages in order; returns {stage: {"status", "stats", ...}}."""
+    run_dir = Path(run_dir)
+    todo = plan(stages, until, only)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with Store(run_dir / "store.duckdb") as store:
+        _check_config(cfg, stages, store, run_dir, force)
+        if only:
+            _check_inputs(stages, only, store)
+        tmp = run_dir / f".config.yaml.{os.getpid()}.tmp"
+        tmp.write_text(cfg.to_yaml())
+        os.replace(tmp, run_dir / "config.yaml")
+        store.record_run(cfg.to_dict())
+        progress = Progress(run_dir)
+        results = {s.name: _run_stage(s, cfg, run_dir, store, progress) for s in todo}
+        progress.status("finished")
+    return results
+
+
+def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progress: Progress):
+    shard = stage.shard(cfg)
+    label = stage.name + (f" [shard {shard}]" if shard else "")
+    row = store.stage(stage.name, shard)
+    if row and row["status"] == "done":
+        print(f"stage {label}: already done (finished {row['finished_at']:%Y-%m-%d %H:%M:%S}), "
+              f"skipping; stats: {row['stats']}", flush=True)
+        return {"status": "skipped", "stats": row["stats"]}
+    verb = f"resuming after a {row['status']} attempt" if row else "running"
+    print(f"stage {label}: {verb}", flush=True)
+    store.start_stage(stage.name, shard, cfg.hash(stage.sections), cfg.hashed(stage.sections))
+    progress.start(stage.name, shard)
+    ctx = StageContext(cfg, run_dir, store, progress, stage.name, shard)
+    start = time.perf_counter()
+    try:
+        stats = stage.fn(ctx)
+    except BaseException as e:
+        store.fail_stage(stage.name, shard, f"{type(e).__name__}: {e}")
+        progress.status("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
+        raise
+    seconds = time.perf_counter() - start
+    if store.stage(stage.name, shard)["status"] != "done":
+        store.fail_stage(stage.name, shard, "returned without ctx.finish(stats)")
+        raise RuntimeError(f"stage {stage.name!r} returned without calling ctx.finish(stats) "
+                           "in the transaction of its last outputs")
+    progress.status("done")
+    print(f"stage {label}: done in {seconds:.1f}s; stats: {stats}", flush=True)
+    return {"status": "done", "stats": stats, "seconds": seconds}
+
+
+def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir: Path,
+                  force: bool) -> None:
+    """Refuse (or, with force, clear) stored stage results made under a different config."""
+    stale = []
+    for stage in stages:
+        current = cfg.hash(stage.sections)
+        rows = [r for r in store.stages(stage.name) if r["config_hash"] != current]
+        if rows:
+            stale.append((stage, rows[-1]))
+    if not stale:
+        return
+    if not force:
+        lines = [f"{run_dir} holds results made under a different config:"]
+        for stage, row in stale:
+            lines.append(f"  stage {stage.name!r} ({row['status']}):")
+            changes = diff(row["config"], cfg.hashed(stage.sections))
+            lines += [f"    {c}" for c in changes] or ["    (stage sections changed)"]
+        lines.append("Rerun with --force to discard those results and recompute them, "
+                     "or use another --run-dir.")
+        raise RunError("\n".join(lines))
+    for stage, _ in stale:
+        deleted = store.clear_stage(stage.name)
+        shutil.rmtree(run_dir / "checkpoints" / stage.name, ignore_errors=True)
+        gone = ", ".join(f"{n} {t}" for t, n in deleted.items() if n)
+        print(f"stage {stage.name}: config changed, --force: cleared ({gone or 'nothing'})",
+              flush=True)
+
+
+def _check_inputs(stages: Sequence[Stage], only: str, store: Store) -> None:
+    """--only X needs every earlier stage done (in some shard)."""
+    for stage in stages:
+        if stage.name == only:
+            return
+        if not any(r["status"] == "done" for r in store.stages(stage.name)):
+            raise RunError(f"--only {only}: stage {stage.name!r} has not finished in this run "
+                           f"directory; run with --until {only} instead")

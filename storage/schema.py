@@ -1,0 +1,105 @@
+"""The store's schema as an ordered list of migrations; the database is the one source of truth.
+
+A store records the number of migrations applied (`meta.schema_version`); opening it runs
+the missing ones in one transaction. To change the schema, append a migration (never edit
+a released one) and bump nothing else: SCHEMA_VERSION is the list's length.
+
+Conventions the Store relies on:
+- every table has a primary key (merge uses it to find collisions);
+- tables whose rows a stage produces carry a `stage` column (force-rerun clears by it);
+  `nodes` belong to their tree and are cleared with it;
+- JSON columns hold any JSON value and round-trip as Python objects;
+- ids are chosen by the writer and deterministic, so a resumed or sharded job never
+  duplicates a row: `nodes.node_id = tree_id * NODES_PER_TREE + local_id` (see Store).
+"""
+
+from __future__ import annotations
+
+V1 = [
+    """CREATE TABLE meta (
+        key VARCHAR PRIMARY KEY,
+        value VARCHAR NOT NULL)""",
+    """CREATE TABLE runs (
+        run_id VARCHAR PRIMARY KEY,
+        created_at TIMESTAMP NOT NULL DEFAULT current_localtimestamp(),
+        updated_at TIMESTAMP NOT NULL DEFAULT current_localtimestamp(),
+        config JSON NOT NULL)""",
+    """CREATE TABLE stages (
+        stage VARCHAR NOT NULL,
+        shard VARCHAR NOT NULL,              -- '' for unsharded stages, else 'i/n'
+        status VARCHAR NOT NULL,             -- running | done | failed
+        config_hash VARCHAR NOT NULL,
+        config JSON NOT NULL,                -- the sections the hash covers, for diffs
+        stats JSON,
+        started_at TIMESTAMP NOT NULL DEFAULT current_localtimestamp(),
+        finished_at TIMESTAMP,
+        PRIMARY KEY (stage, shard))""",
+    """CREATE TABLE checkpoints (
+        stage VARCHAR NOT NULL,
+        shard VARCHAR NOT NULL,
+        key VARCHAR NOT NULL,
+        value JSON,
+        updated_at TIMESTAMP NOT NULL DEFAULT current_localtimestamp(),
+        PRIMARY KEY (stage, shard, key))""",
+    """CREATE TABLE tasks (
+        task_id VARCHAR PRIMARY KEY,
+        idx INTEGER NOT NULL,                -- position in the run: train tasks, then test
+        env VARCHAR NOT NULL,
+        split VARCHAR NOT NULL,
+        instruction VARCHAR NOT NULL,
+        data JSON,
+        stage VARCHAR NOT NULL)""",
+    """CREATE TABLE trees (
+        tree_id BIGINT PRIMARY KEY,
+        task_id VARCHAR NOT NULL,
+        status VARCHAR NOT NULL,             -- running | done
+        simulations_done INTEGER NOT NULL DEFAULT 0,
+        best_reward DOUBLE,
+        stage VARCHAR NOT NULL,
+        created_at TIMESTAMP NOT NULL DEFAULT current_localtimestamp(),
+        updated_at TIMESTAMP NOT NULL DEFAULT current_localtimestamp())""",
+    """CREATE TABLE nodes (
+        node_id BIGINT PRIMARY KEY,
+        tree_id BIGINT NOT NULL,
+        parent_id BIGINT,                    -- NULL at the root
+        depth INTEGER NOT NULL,
+        action VARCHAR,                      -- raw policy text of the edge into this node
+        tool_call JSON,                      -- parsed call, NULL when unparseable
+        observation VARCHAR,
+        visits INTEGER NOT NULL DEFAULT 0,
+        value_sum DOUBLE NOT NULL DEFAULT 0,
+        critic_rank INTEGER,
+        critic_score DOUBLE,
+        prior DOUBLE,
+        reward DOUBLE,
+        terminal BOOLEAN NOT NULL DEFAULT false,
+        invalid BOOLEAN NOT NULL DEFAULT false,
+        env_snapshot BLOB,                   -- Env.snapshot() after the action
+        created_sim INTEGER)""",
+    """CREATE TABLE trajectories (
+        traj_id BIGINT PRIMARY KEY,
+        task_id VARCHAR NOT NULL,
+        tree_id BIGINT,
+        source VARCHAR NOT NULL,             -- mcts_rollout | eval | ...
+        simulation INTEGER,
+        steps JSON NOT NULL,
+        reward DOUBLE NOT NULL,
+        success BOOLEAN NOT NULL,
+        achieved VARCHAR,
+        stage VARCHAR NOT NULL)""",
+    """CREATE TABLE pairs (
+        pair_id BIGINT PRIMARY KEY,
+        task_id VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL,               -- step | trajectory
+        node_id BIGINT,                      -- parent node of a step pair
+        prompt JSON NOT NULL,
+        chosen JSON NOT NULL,
+        rejected JSON NOT NULL,
+        chosen_q DOUBLE,
+        rejected_q DOUBLE,
+        margin DOUBLE,
+        stage VARCHAR NOT NULL)""",
+]
+
+MIGRATIONS: list[list[str]] = [V1]
+SCHEMA_VERSION = len(MIGRATIONS)

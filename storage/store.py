@@ -1,0 +1,498 @@
+"""Store: one DuckDB file per run, and the only code in the project that writes SQL.
+
+Writes are batched: rows arrive as lists of dicts, become one Arrow table, and land with a
+single INSERT (or UPDATE ... FROM) inside a transaction; row-by-row autocommit is 20-40x
+slower (benchmarks/storage.py). Every write method is atomic on its own; wrap several in
+`with store.transaction():` to make them durable together, e.g. a stage's last outputs
+and `finish_stage` (the "done" mark) in one commit.
+
+DuckDB lets one process open a file at a time, even read-only; a second gets
+StoreInUse("run is in use by PID ...").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from offline_agent.types import Task
+from storage.schema import MIGRATIONS, SCHEMA_VERSION
+
+NODES_PER_TREE = 1 << 24  # node ids are tree_id * NODES_PER_TREE + local id
+
+
+def make_node_id(tree_id: int, local_id: int) -> int:
+    """Deterministic node id: a resumed tree re-creates the same ids, shards never collide."""
+    if not 0 <= local_id < NODES_PER_TREE:
+        raise ValueError(f"local node id {local_id} out of range [0, {NODES_PER_TREE})")
+    return tree_id * NODES_PER_TREE + local_id
+
+
+class StoreError(RuntimeError):
+    """A store that cannot be used as asked (schema version, missing stage, bad rows)."""
+
+
+class StoreInUse(StoreError):
+    """Another process holds the DuckDB file lock."""
+
+    def __init__(self, path: Path, pid: int | None):
+        self.pid = pid
+        who = f"PID {pid}" if pid is not None else "another process"
+        super().__init__(
+            f"run is in use by {who}: {path} is open in another process and DuckDB allows "
+            "one process per file. Wait for it to finish (`offline-agent status` reads its "
+            "progress.json meanwhile) or stop it."
+        )
+
+
+class MergeConflict(StoreError):
+    """Two shards hold different rows under one key."""
+
+
+def _in_use(error: duckdb.IOException, path: Path) -> Exception:
+    """DuckDB's lock error names the holder: 'Conflicting lock is held in ... (PID 123)'."""
+    if "lock" not in str(error):
+        return error
+    match = re.search(r"PID (\d+)", str(error))
+    return StoreInUse(path, int(match.group(1)) if match else None)
+
+
+_ARROW_TYPES = {
+    "BIGINT": pa.int64(),
+    "INTEGER": pa.int32(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+    "VARCHAR": pa.string(),
+    "JSON": pa.string(),
+    "BLOB": pa.binary(),
+    "TIMESTAMP": pa.timestamp("us"),
+}
+_NOW = "current_localtimestamp()"
+
+
+class Store:
+    def __init__(self, path: str | Path, read_only: bool = False):
+        self.path = Path(path)
+        self.read_only = read_only
+        if read_only and not self.path.exists():
+            raise FileNotFoundError(f"no store at {self.path}")
+        try:
+            self.con = duckdb.connect(str(self.path), read_only=read_only)
+        except duckdb.IOException as e:
+            raise _in_use(e, self.path) from None
+        self._depth = 0  # transaction nesting
+        self._migrate()
+        self._columns, self._keys = self._describe()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One commit for everything inside; nested uses join the outer transaction."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self.con.begin()
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self.con.rollback()
+            raise
+        else:
+            self.con.commit()  # a failing commit aborts the transaction itself
+        finally:
+            self._depth = 0
+
+    @property
+    def schema_version(self) -> int:
+        return self._schema_version()
+
+    @property
+    def run_id(self) -> str:
+        """Identity of the run this file belongs to (exported as provenance)."""
+        return self._sql("SELECT value FROM meta WHERE key = 'run_id'")[0][0]
+
+    def _schema_version(self) -> int:
+        has_meta = self._sql(
+            "SELECT count(*) FROM information_schema.tables "
+            "WHERE table_catalog = current_database() AND table_name = 'meta'"
+        )[0][0]
+        if not has_meta:
+            return 0
+        row = self._sql("SELECT value FROM meta WHERE key = 'schema_version'")[0]
+        return int(row[0])
+
+    def _migrate(self) -> None:
+        version = self._schema_version()
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {version}, newer than this offline-agent "
+                f"understands ({SCHEMA_VERSION}); upgrade offline-agent to read it"
+            )
+        if version == SCHEMA_VERSION:
+            return
+        if self.read_only:
+            raise StoreError(
+                f"{self.path} has schema version {version} and needs migrating to "
+                f"{SCHEMA_VERSION}: open it for writing once (rerun `offline-agent run`)"
+            )
+        with self.transaction():
+            for statements in MIGRATIONS[version:]:
+                for sql in statements:
+                    self._sql(sql)
+            self._sql(
+                "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)]
+            )
+            self._sql(
+                "INSERT OR IGNORE INTO meta VALUES ('run_id', ?)", [uuid.uuid4().hex[:12]]
+            )
+
+    def _describe(self) -> tuple[dict[str, dict[str, str]], dict[str, list[str]]]:
+        """Column types and primary keys per table, read from the database itself."""
+        columns: dict[str, dict[str, str]] = {}
+        for table, column, dtype in self._sql(
+            "SELECT table_name, column_name, data_type FROM information_schema.columns "
+            "WHERE table_catalog = current_database() AND table_schema = 'main' "
+            "ORDER BY table_name, ordinal_position"
+        ):
+            columns.setdefault(table, {})[column] = dtype
+        keys = {
+            table: list(cols)
+            for table, cols in self._sql(
+                "SELECT table_name, constraint_column_names FROM duckdb_constraints() "
+                "WHERE database_name = current_database() AND constraint_type = 'PRIMARY KEY'"
+            )
+        }
+        return columns, keys
+
+    # ---- row plumbing ----------------------------------------------------------------------
+    def _sql(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        """Execute and fetch everything (duckdb 2 refuses new work while a result is open)."""
+        return self.con.execute(sql, params).fetchall()
+
+    def _select(self, table: str, sql: str, params: Sequence[Any] = ()) -> list[dict]:
+        cur = self.con.execute(sql, params)  # fetchall below completes it
+        names = [d[0] for d in cur.description]
+        json_cols = {n for n in names if self._columns[table].get(n) == "JSON"}
+        rows = [dict(zip(names, r)) for r in cur.fetchall()]
+        for row in rows:
+            for name in json_cols:
+                if row[name] is not None:
+                    row[name] = json.loads(row[name])
+        return rows
+
+    def _arrow(self, table: str, rows: Sequence[dict], **constants: Any) -> pa.Table:
+        """Rows (dicts keyed by column) -> Arrow table typed like the DuckDB table."""
+        types = self._columns[table]
+        present = set(constants).union(*(r.keys() for r in rows))
+        unknown = present - types.keys()
+        if unknown:
+            raise ValueError(f"table {table!r} has no column(s) {sorted(unknown)}")
+        arrays, names = [], []
+        for name, dtype in types.items():
+            if name not in present:
+                continue  # the column's default applies
+            values = (
+                [constants[name]] * len(rows) if name in constants else [r.get(name) for r in rows]
+            )
+            if dtype == "JSON":
+                values = [None if v is None else json.dumps(v) for v in values]
+            try:
+                arrays.append(pa.array(values, type=_ARROW_TYPES[dtype]))
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise ValueError(f"{table}.{name}: {e}") from None
+            names.append(name)
+        return pa.Table.from_arrays(arrays, names=names)
+
+    @contextmanager
+    def _registered(self, table: str, rows: Sequence[dict], **constants: Any) -> Iterator[list]:
+        data = self._arrow(table, rows, **constants)
+        view = f"_batch_{table}"
+        self.con.register(view, data)
+        try:
+            yield data.column_names
+        finally:
+            self.con.unregister(view)
+
+    def _insert(self, table: str, rows: Sequence[dict], on_conflict: str = "", **constants):
+        if not rows:
+            return
+        with self._registered(table, rows, **constants) as cols, self.transaction():
+            names = ", ".join(cols)
+            self._sql(
+                f"INSERT INTO {table} ({names}) SELECT {names} FROM _batch_{table} {on_conflict}"
+            )
+
+    # ---- runs ------------------------------------------------------------------------------
+    def record_run(self, config: dict) -> None:
+        """Store the resolved config this run is (re)started with."""
+        self._sql(
+            "INSERT INTO runs (run_id, config) VALUES (?, ?) ON CONFLICT (run_id) "
+            f"DO UPDATE SET config = excluded.config, updated_at = {_NOW}",
+            [self.run_id, json.dumps(config)],
+        )
+
+    def runs(self) -> list[dict]:
+        return self._select("runs", "SELECT * FROM runs ORDER BY created_at")
+
+    # ---- stages and checkpoints ------------------------------------------------------------
+    def stages(self, stage: str | None = None) -> list[dict]:
+        """Stage rows (all shards), oldest first; only `stage`'s when given."""
+        where, params = ("WHERE stage = ?", [stage]) if stage else ("", [])
+        return self._select("stages", f"SELECT * FROM stages {where} ORDER BY started_at", params)
+
+    def stage(self, stage: str, shard: str = "") -> dict | None:
+        rows = self._select(
+            "stages", "SELECT * FROM stages WHERE stage = ? AND shard = ?", [stage, shard]
+        )
+        return rows[0] if rows else None
+
+    def start_stage(self, stage: str, shard: str, config_hash: str, config: dict) -> None:
+        self._sql(
+            "INSERT INTO stages (stage, shard, status, config_hash, config) "
+            "VALUES (?, ?, 'running', ?, ?) ON CONFLICT (stage, shard) DO UPDATE SET "
+            "status = 'running', config_hash = excluded.config_hash, config = excluded.config, "
+            f"stats = NULL, started_at = {_NOW}, finished_at = NULL",
+            [stage, shard, config_hash, json.dumps(config)],
+        )
+
+    def finish_stage(self, stage: str, shard: str, stats: dict) -> None:
+        """Mark a stage done; call it inside the transaction that commits its last outputs."""
+        self._end_stage(stage, shard, "done", stats)
+
+    def fail_stage(self, stage: str, shard: str, error: str) -> None:
+        self._end_stage(stage, shard, "failed", {"error": error})
+
+    def _end_stage(self, stage: str, shard: str, status: str, stats: dict) -> None:
+        (n,) = self._sql(
+            f"UPDATE stages SET status = ?, stats = ?, finished_at = {_NOW} "
+            "WHERE stage = ? AND shard = ?",
+            [status, json.dumps(stats), stage, shard],
+        )[0]
+        if n != 1:
+            raise RuntimeError(f"stage {stage!r} (shard {shard!r}) was never started")
+
+    def clear_stage(self, stage: str) -> dict[str, int]:
+        """Delete everything `stage` produced (all shards) and its stage rows; returns counts."""
+        deleted = {}
+        with self.transaction():
+            (deleted["nodes"],) = self._sql(
+                "DELETE FROM nodes WHERE tree_id IN (SELECT tree_id FROM trees WHERE stage = ?)",
+                [stage],
+            )[0]
+            for table, cols in self._columns.items():
+                if "stage" in cols:
+                    (deleted[table],) = self._sql(
+                        f"DELETE FROM {table} WHERE stage = ?", [stage]
+                    )[0]
+        return deleted
+
+    def set_checkpoint(self, stage: str, shard: str, key: str, value: Any) -> None:
+        self._sql(
+            "INSERT INTO checkpoints (stage, shard, key, value) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (stage, shard, key) DO UPDATE SET value = excluded.value, "
+            f"updated_at = {_NOW}",
+            [stage, shard, key, json.dumps(value)],
+        )
+
+    def checkpoint(self, stage: str, shard: str, key: str, default: Any = None) -> Any:
+        rows = self._select(
+            "checkpoints",
+            "SELECT value FROM checkpoints WHERE stage = ? AND shard = ? AND key = ?",
+            [stage, shard, key],
+        )
+        return rows[0]["value"] if rows else default
+
+    # ---- tasks -----------------------------------------------------------------------------
+    def insert_tasks(self, tasks: Sequence[Task], stage: str) -> None:
+        """Append tasks; `idx` continues the run's numbering (train first, then test)."""
+        (start,) = self._sql("SELECT count(*) FROM tasks")[0]
+        rows = [
+            {
+                "task_id": t.id,
+                "idx": start + i,
+                "env": t.env,
+                "split": t.split,
+                "instruction": t.instruction,
+                "data": t.data,
+            }
+            for i, t in enumerate(tasks)
+        ]
+        self._insert("tasks", rows, stage=stage)
+
+    def tasks(self, split: str | None = None) -> list[Task]:
+        """Tasks in `idx` order (all splits when None)."""
+        where, params = ("WHERE split = ?", [split]) if split else ("", [])
+        rows = self._select("tasks", f"SELECT * FROM tasks {where} ORDER BY idx", params)
+        return [
+            Task(
+                id=r["task_id"],
+                env=r["env"],
+                instruction=r["instruction"],
+                split=r["split"],
+                data=r["data"] or {},
+            )
+            for r in rows
+        ]
+
+    def task_index(self) -> dict[str, int]:
+        """task_id -> idx: a run-wide, shard-independent number (e.g. for tree ids)."""
+        return dict(self._sql("SELECT task_id, idx FROM tasks"))
+
+    # ---- trees and nodes -------------------------------------------------------------------
+    def upsert_trees(self, rows: Sequence[dict], stage: str) -> None:
+        """Create or update trees (tree_id, task_id, status, simulations_done, best_reward)."""
+        if not rows:
+            return
+        fixed = {"tree_id", "task_id", "stage", "created_at", "updated_at"}
+        updates = sorted(set().union(*rows) - fixed)
+        sets = ", ".join([f"{c} = excluded.{c}" for c in updates] + [f"updated_at = {_NOW}"])
+        self._insert("trees", rows, f"ON CONFLICT (tree_id) DO UPDATE SET {sets}", stage=stage)
+
+    def trees(self) -> list[dict]:
+        return self._select("trees", "SELECT * FROM trees ORDER BY tree_id")
+
+    def insert_nodes(self, rows: Sequence[dict]) -> None:
+        """Bulk insert; ids come from make_node_id, so a duplicate is a bug and raises."""
+        self._insert("nodes", rows)
+
+    def update_nodes(self, rows: Sequence[dict]) -> None:
+        """Bulk update of existing nodes: node_id plus the columns to set (visits, value_sum)."""
+        if not rows:
+            return
+        with self._registered("nodes", rows) as cols, self.transaction():
+            sets = ", ".join(f"{c} = u.{c}" for c in cols if c != "node_id")
+            (n,) = self._sql(
+                f"UPDATE nodes SET {sets} FROM _batch_nodes u WHERE nodes.node_id = u.node_id"
+            )[0]
+            if n != len(rows):
+                raise ValueError(f"update_nodes: {len(rows) - n} of {len(rows)} node ids unknown")
+
+    def load_tree(self, tree_id: int) -> list[dict]:
+        """All nodes of a tree in id order (parents before children), snapshots included."""
+        return self._select(
+            "nodes", "SELECT * FROM nodes WHERE tree_id = ? ORDER BY node_id", [tree_id]
+        )
+
+    # ---- trajectories and pairs ------------------------------------------------------------
+    def insert_trajectories(self, rows: Sequence[dict], stage: str) -> None:
+        self._insert("trajectories", rows, stage=stage)
+
+    def trajectories(self, source: str | None = None) -> list[dict]:
+        where, params = ("WHERE source = ?", [source]) if source else ("", [])
+        return self._select(
+            "trajectories", f"SELECT * FROM trajectories {where} ORDER BY traj_id", params
+        )
+
+    def solved_tasks(self, source: str) -> set[str]:
+        """Ids of tasks with at least one successful trajectory from `source`."""
+        rows = self._sql("SELECT DISTINCT task_id FROM trajectories WHERE source = ? AND success",
+                         [source])
+        return {r[0] for r in rows}
+
+    def insert_pairs(self, rows: Sequence[dict], stage: str) -> None:
+        self._insert("pairs", rows, stage=stage)
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table (meta excluded)."""
+        return {
+            t: self._sql(f"SELECT count(*) FROM {t}")[0][0]
+            for t in self._columns
+            if t != "meta"
+        }
+
+    # ---- scale-out -------------------------------------------------------------------------
+    def merge_from(self, shard_paths: Sequence[str | Path]) -> dict[str, int]:
+        """Copy the rows of shard stores into this one, in one transaction; rows per table.
+
+        Rows already present unchanged are skipped (merging a shard twice is harmless); a
+        key present with different content raises MergeConflict, as do shards that ran a
+        stage with different configs.
+        """
+        aliases = []
+        try:
+            for i, path in enumerate(shard_paths):
+                path = Path(path)
+                if not path.exists():
+                    raise FileNotFoundError(f"no store at {path}")
+                alias = f"shard{i}"
+                try:
+                    quoted = str(path).replace("'", "''")
+                    self._sql(f"ATTACH '{quoted}' AS {alias} (READ_ONLY)")
+                except duckdb.IOException as e:
+                    raise _in_use(e, path) from None
+                aliases.append((alias, path))
+                self._check_shard_version(alias, path)
+            added = {t: 0 for t in self._columns if t != "meta"}
+            with self.transaction():
+                for alias, path in aliases:
+                    for table in added:
+                        added[table] += self._merge_table(alias, path, table)
+                mixed = self._sql(
+                    "SELECT stage FROM stages GROUP BY stage HAVING count(DISTINCT config_hash) > 1"
+                )
+                if mixed:
+                    raise MergeConflict(
+                        f"shards ran stage(s) {', '.join(repr(s) for (s,) in mixed)} with "
+                        "different configs (their config hashes differ); merge shards of one "
+                        "run config only"
+                    )
+            return added
+        finally:
+            for alias, _ in aliases:
+                self._sql(f"DETACH {alias}")
+
+    def _check_shard_version(self, alias: str, path: Path) -> None:
+        try:
+            (version,) = self._sql(
+                f"SELECT value FROM {alias}.meta WHERE key = 'schema_version'"
+            )[0]
+        except duckdb.CatalogException:
+            raise StoreError(f"{path} is not an offline-agent store") from None
+        if int(version) != SCHEMA_VERSION:
+            raise StoreError(
+                f"{path} has schema version {version}, this offline-agent writes "
+                f"{SCHEMA_VERSION}; open the shard once for writing to migrate it"
+            )
+
+    def _merge_table(self, alias: str, path: Path, table: str) -> int:
+        cols, keys = self._columns[table], self._keys[table]
+        compared = [c for c, t in cols.items() if c not in keys and t != "TIMESTAMP"]
+        on = " AND ".join(f"s.{k} = m.{k}" for k in keys)
+        differs = " OR ".join(f"s.{c} IS DISTINCT FROM m.{c}" for c in compared) or "false"
+        clashes = self._sql(
+            f"SELECT {', '.join('s.' + k for k in keys)} FROM {alias}.{table} s "
+            f"JOIN {table} m ON {on} WHERE {differs} LIMIT 1"
+        )
+        if clashes:
+            key = ", ".join(f"{k}={v!r}" for k, v in zip(keys, clashes[0]))
+            raise MergeConflict(
+                f"{path}: {table} row ({key}) differs from a row with the same key in an "
+                "earlier shard; shards must cover disjoint tasks (distinct search.shard i/n)"
+            )
+        names = ", ".join(cols)
+        (n,) = self._sql(
+            f"INSERT OR IGNORE INTO {table} ({names}) SELECT {names} FROM {alias}.{table}"
+        )[0]
+        return n

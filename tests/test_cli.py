@@ -1,0 +1,158 @@
+"""CLI: run/status/merge, user mistakes as one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from storage import Store, make_node_id
+
+CONFIG = """\
+run: {name: fake}
+env:
+  name: tests.test_runner:FakeEnv
+  train_tasks: 4
+  test_tasks: 2
+"""
+
+
+@pytest.fixture
+def config(tmp_path) -> str:
+    path = tmp_path / "fake.yaml"
+    path.write_text(CONFIG)
+    return str(path)
+
+
+def test_run_twice_second_does_nothing(tmp_path, config, capsys):
+    run_dir = tmp_path / "r"
+    assert main(["run", config, "--run-dir", str(run_dir)]) == 0
+    first = capsys.readouterr().out
+    assert "stage tasks: done" in first and first.rstrip().endswith(f"run directory: {run_dir}")
+    assert main(["run", config, "--run-dir", str(run_dir)]) == 0
+    second = capsys.readouterr().out
+    assert "stage tasks: already done" in second and "running" not in second
+    assert (run_dir / "config.yaml").exists() and (run_dir / "store.duckdb").exists()
+
+
+def test_default_run_dir(tmp_path, config, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", config]) == 0
+    (made,) = (tmp_path / "runs").iterdir()
+    assert made.name.startswith("fake-")
+    assert f"run directory: {Path('runs') / made.name}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--set", "search.simulatons=3"], "unknown config key 'search.simulatons'"),
+        (["--set", "env.train_tasks=lots"], "config key 'env.train_tasks' must be int"),
+        (["--until", "nope"], "unknown stage 'nope'"),
+    ],
+)
+def test_user_mistakes_exit_2_without_traceback(tmp_path, config, capsys, extra, message):
+    assert main(["run", config, "--run-dir", str(tmp_path / "r"), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("offline-agent: error:") and message in err
+    assert "Traceback" not in err
+
+
+def test_changed_config_needs_force(tmp_path, config, capsys):
+    run_dir = str(tmp_path / "r")
+    assert main(["run", config, "--run-dir", run_dir]) == 0
+    assert main(["run", config, "--run-dir", run_dir, "--set", "env.train_tasks=5"]) == 2
+    assert "env.train_tasks: 4 -> 5" in capsys.readouterr().err
+    assert main(["run", config, "--run-dir", run_dir, "--set", "env.train_tasks=5",
+                 "--force"]) == 0
+    assert main(["run", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # argparse: exclusive options
+        main(["run", config, "--until", "tasks", "--only", "tasks"])
+    assert e.value.code == 2
+
+
+def test_status_reads_store(tmp_path, config, capsys):
+    run_dir = tmp_path / "r"
+    main(["run", config, "--run-dir", str(run_dir)])
+    capsys.readouterr()
+    assert main(["status", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "tasks" in out and "done" in out and "rows: tasks 6, trees 0" in out
+    assert main(["status", str(tmp_path / "nothing")]) == 2
+    assert "no store at" in capsys.readouterr().err
+
+
+def test_status_falls_back_to_progress_while_running(tmp_path, config, capsys):
+    run_dir = tmp_path / "r"
+    main(["run", config, "--run-dir", str(run_dir)])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys
+            from pipelines.progress import Progress
+            from storage import Store
+            store = Store({str(run_dir / "store.duckdb")!r})
+            p = Progress({str(run_dir)!r})
+            p.start("search", "0/1")
+            p.update(trees_done=3, simulations=24)
+            print("ready", flush=True)
+            sys.stdin.read()
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        capsys.readouterr()
+        assert main(["status", str(run_dir)]) == 0
+        out = capsys.readouterr().out
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert f"locked by PID {holder.pid}" in out and "progress.json" in out
+    assert "stage search [shard 0/1]: running  trees_done=3 simulations=24" in out
+
+
+def shard_run(tmp_path, config, i: int, tree_ids) -> Path:
+    run_dir = tmp_path / f"shard{i}"
+    assert main(["run", config, "--run-dir", str(run_dir), "--set", f"search.shard={i}/2"]) == 0
+    with Store(run_dir / "store.duckdb") as s:
+        tasks = s.tasks("train")
+        s.upsert_trees([{"tree_id": t, "task_id": tasks[t].id, "status": "done"}
+                        for t in tree_ids], stage="search")
+        s.insert_nodes([{"node_id": make_node_id(t, 0), "tree_id": t, "depth": 0}
+                        for t in tree_ids])
+    return run_dir
+
+
+def test_merge(tmp_path, config, capsys):
+    a = shard_run(tmp_path, config, 0, [0, 2])
+    b = shard_run(tmp_path, config, 1, [1, 3])
+    out = tmp_path / "merged"
+    assert main(["merge", str(out), str(a), str(b)]) == 0
+    merged = capsys.readouterr().out
+    assert "trees 4" in merged and "nodes 4" in merged and "tasks 6" in merged
+    with Store(out / "store.duckdb", read_only=True) as s:
+        assert s.counts()["tasks"] == 6 and len(s.runs()) == 2
+    assert main(["merge", str(out), str(a)]) == 2  # never overwrite
+    assert "exists" in capsys.readouterr().err
+    c = tmp_path / "c"
+    shutil.copytree(b, c)
+    with Store(c / "store.duckdb") as s:
+        s.update_nodes([{"node_id": make_node_id(1, 0), "visits": 9}])
+    assert main(["merge", str(tmp_path / "m2"), str(a), str(b), str(c)]) == 2
+    err = capsys.readouterr().err
+    assert "nodes row" in err and "Traceback" not in err
+    assert not (tmp_path / "m2" / "store.duckdb").exists()
+
+
+def test_console_script_help():
+    exe = Path(sys.executable).with_name("offline-agent")
+    out = subprocess.run([str(exe), "run", "--help"], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0
+    assert "--until STAGE" in out.stdout and "search.simulations = " in out.stdout

@@ -1,0 +1,96 @@
+"""RunConfig: precedence, strict keys and types, stable section hashes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import ConfigError, RunConfig, diff, help_lines
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_then_yaml_then_set(tmp_path):
+    path = write(tmp_path, "search:\n  k: 6\n  simulations: 3\nenv:\n  kwargs: {max_steps: 4}\n")
+    cfg = RunConfig.load(path, ["search.k=9", "env.kwargs.difficulty=hard", "model.adapter=null"])
+    assert cfg.search.k == 9  # --set beats YAML
+    assert cfg.search.simulations == 3  # YAML beats the default
+    assert cfg.search.c == RunConfig().search.c  # default stays
+    assert cfg.env.kwargs == {"max_steps": 4, "difficulty": "hard"}
+    assert cfg.model.adapter is None
+    assert RunConfig.load(None).to_dict() == RunConfig().to_dict()
+
+
+def test_values_are_yaml_scalars(tmp_path):
+    cfg = RunConfig.load(None, ["search.c=1e-3", "search.alpha=1", "search.shard=1/4",
+                                "model.adapter=adapters/x", "env.kwargs.flags=[a, b]"])
+    assert cfg.search.c == 0.001 and isinstance(cfg.search.alpha, float)
+    assert cfg.search.shard == "1/4" and cfg.model.adapter == "adapters/x"
+    assert cfg.env.kwargs["flags"] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["search.simulatons=3"], "unknown config key 'search.simulatons' (did you mean 'simulations'?)"),
+        (["serch.k=3"], "unknown config key 'serch' (did you mean 'search'?)"),
+        (["search.k=many"], "config key 'search.k' must be int, got 'many'"),
+        (["search.k=2.5"], "config key 'search.k' must be int"),
+        (["run.seed=true"], "config key 'run.seed' must be int"),
+        (["model.adapter=3"], "config key 'model.adapter' must be str or null"),
+        (["env.kwargs=3"], "config key 'env.kwargs' must be a mapping"),
+        (["search=3"], "keys look like section.field"),
+        (["search.k"], "expects key=value"),
+        (["model.backend=onnx"], "model.backend must be one of hf, vllm"),
+        (["search.shard=2/2"], "search.shard must look like i/n"),
+        (["env.name=nope"], "env.name must be one of"),
+    ],
+)
+def test_mistakes_name_the_key(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        RunConfig.load(None, overrides)
+    assert message in str(e.value)
+
+
+def test_yaml_mistakes(tmp_path):
+    with pytest.raises(ConfigError, match="unknown config key 'model.devise'"):
+        RunConfig.load(write(tmp_path, "model:\n  devise: cpu\n"))
+    with pytest.raises(ConfigError, match="config key 'search' must be a mapping"):
+        RunConfig.load(write(tmp_path, "search: 3\n"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        RunConfig.load(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        RunConfig.load(write(tmp_path, "search: [\n"))
+
+
+def test_hash_is_stable_and_per_section():
+    cfg = RunConfig.load(None, ["search.k=5"])
+    same = RunConfig.from_dict({"search": {"k": 5}, "env": {}})
+    assert cfg.hash(["env", "search"]) == same.hash(["search", "env"])
+    assert len(cfg.hash(["search"])) == 16
+    other = RunConfig.load(None, ["search.k=6"])
+    assert other.hash(["env"]) == cfg.hash(["env"]) and other.hash(["search"]) != cfg.hash(["search"])
+    # where and how work runs is not what it computes
+    moved = RunConfig.load(None, ["search.k=5", "search.shard=1/2", "run.name=elsewhere"])
+    assert moved.hash(["run", "search"]) == cfg.hash(["run", "search"])
+    assert diff(cfg.hashed(["search"]), other.hashed(["search"])) == ["search.k: 5 -> 6"]
+
+
+def test_yaml_round_trip_and_help():
+    cfg = RunConfig.load(None, ["env.kwargs.max_steps=3", "search.k=2"])
+    import yaml
+
+    assert RunConfig.from_dict(yaml.safe_load(cfg.to_yaml())) == cfg
+    lines = help_lines()
+    assert any(line.strip().startswith("search.k = 4") for line in lines)
+    assert all(len(line.split("  ", 2)) == 3 and line.split("  ", 2)[2] for line in lines)
+
+
+def test_default_yaml_loads():
+    cfg = RunConfig.load(Path(__file__).parents[1] / "configs" / "default.yaml")
+    assert cfg.model.device == "cpu" and cfg.env.name == "minishop"

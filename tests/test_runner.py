@@ -1,0 +1,176 @@
+"""Stage runner: skip finished stages, refuse or force on changed config, resume after
+failure, until/only, and the real `tasks` stage on a tiny fake env."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from offline_agent.envs.base import Env, StepResult
+from offline_agent.types import Task, ToolCall
+from pipelines.config import RunConfig
+from pipelines.runner import RunError, Stage, run
+from pipelines.stages import STAGES
+from storage import Store
+
+FAKE_ENV = "tests.test_runner:FakeEnv"
+
+
+class FakeEnv(Env):
+    """Tasks `<split>-<seed>-<i>`; one tool that ends the episode."""
+
+    name = "fake"
+    tools = [{"type": "function", "function": {"name": "finish", "parameters": {}}}]  # noqa: RUF012
+
+    def __init__(self, max_steps: int = 3, seed: int = 0, prefix: str = "t"):
+        super().__init__(max_steps=max_steps, seed=seed)
+        self.prefix = prefix
+
+    def tasks(self, split: str, n: int) -> list[Task]:
+        return [Task(f"{self.prefix}-{split}-{self.seed}-{i}", self.name, f"task {i}", split,
+                     {"i": i}) for i in range(n)]
+
+    def system_prompt(self) -> str:
+        return "Call finish."
+
+    def _reset(self, task: Task) -> str:
+        self.state = {"done": False}
+        return "start"
+
+    def _execute(self, call: ToolCall) -> StepResult:
+        return StepResult("finished", reward=1.0, done=True)
+
+
+def fake_cfg(*overrides: str) -> RunConfig:
+    return RunConfig.load(None, [f"env.name={FAKE_ENV}", "env.train_tasks=3",
+                                 "env.test_tasks=2", *overrides])
+
+
+def counting_stages(calls: list[str], fail: set[str] = frozenset()) -> list[Stage]:
+    """tasks (real) + two stages that record their calls and can be told to fail."""
+
+    def make(name: str):
+        def fn(ctx):
+            calls.append(name)
+            if name in fail:
+                raise RuntimeError(f"{name} broke")
+            with ctx.store.transaction():
+                ctx.store.set_checkpoint(name, ctx.shard, "ran", True)
+                ctx.finish({"calls": calls.count(name)})
+            return {"calls": calls.count(name)}
+
+        return fn
+
+    return [STAGES[0], Stage("b", ("run", "search"), make("b")),
+            Stage("c", ("search",), make("c"), shard=lambda cfg: cfg.search.shard)]
+
+
+def test_tasks_stage_stores_tasks_and_skips_on_rerun(tmp_path, capsys):
+    cfg = fake_cfg("run.seed=7")
+    out = run(cfg, tmp_path, STAGES)
+    assert out["tasks"]["status"] == "done"
+    assert out["tasks"]["stats"] == {"env": "fake", "train": 3, "test": 2}
+    again = run(cfg, tmp_path, STAGES)
+    assert again["tasks"]["status"] == "skipped"
+    assert "stage tasks: already done" in capsys.readouterr().out
+    with Store(tmp_path / "store.duckdb", read_only=True) as s:
+        assert [t.id for t in s.tasks("train")] == [f"t-train-7-{i}" for i in range(3)]
+        assert [t.data for t in s.tasks("test")] == [{"i": 0}, {"i": 1}]
+        (row,) = s.stages()
+        assert row["status"] == "done" and row["config_hash"] == cfg.hash(["run", "env"])
+        assert row["finished_at"] >= row["started_at"]
+        assert s.runs()[0]["config"] == cfg.to_dict()
+    assert RunConfig.from_dict(yaml.safe_load((tmp_path / "config.yaml").read_text())) == cfg
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["status"] == "finished" and progress["pid"] > 0
+
+
+def test_changed_config_is_refused_then_forced(tmp_path, capsys):
+    run(fake_cfg(), tmp_path, STAGES)
+    changed = fake_cfg("env.train_tasks=4", "env.kwargs.prefix=u")
+    with pytest.raises(RunError) as e:
+        run(changed, tmp_path, STAGES)
+    assert "env.train_tasks: 3 -> 4" in str(e.value) and "--force" in str(e.value)
+    assert "env.kwargs.prefix: '<unset>' -> 'u'" in str(e.value)
+    # unrelated sections and unhashed keys do not matter
+    run(fake_cfg("search.k=9", "run.name=renamed"), tmp_path, STAGES)
+    out = run(changed, tmp_path, STAGES, force=True)
+    assert out["tasks"]["stats"]["train"] == 4
+    assert "config changed, --force: cleared" in capsys.readouterr().out
+    with Store(tmp_path / "store.duckdb", read_only=True) as s:
+        assert [t.id for t in s.tasks()] == ["u-train-0-0", "u-train-0-1", "u-train-0-2",
+                                             "u-train-0-3", "u-test-0-0", "u-test-0-1"]
+
+
+def test_failure_is_recorded_and_resumed(tmp_path, capsys):
+    calls: list[str] = []
+    cfg = fake_cfg()
+    with pytest.raises(RuntimeError, match="b broke"):
+        run(cfg, tmp_path, counting_stages(calls, fail={"b"}))
+    with Store(tmp_path / "store.duckdb", read_only=True) as s:
+        assert s.stage("b")["status"] == "failed"
+        assert s.stage("b")["stats"] == {"error": "RuntimeError: b broke"}
+    assert json.loads((tmp_path / "progress.json").read_text())["status"] == "failed"
+    out = run(cfg, tmp_path, counting_stages(calls))
+    assert calls == ["b", "b", "c"]
+    assert [v["status"] for v in out.values()] == ["skipped", "done", "done"]
+    assert "stage b: resuming after a failed attempt" in capsys.readouterr().out
+
+
+def test_until_only_and_shards(tmp_path):
+    calls: list[str] = []
+    cfg = fake_cfg()
+    assert list(run(cfg, tmp_path, counting_stages(calls), until="b")) == ["tasks", "b"]
+    assert calls == ["b"]
+    run(cfg, tmp_path, counting_stages(calls), only="c")
+    run(cfg, tmp_path, counting_stages(calls), only="c")  # done: skipped
+    assert calls == ["b", "c"]
+    run(fake_cfg("search.shard=1/2"), tmp_path, counting_stages(calls), only="c")
+    assert calls == ["b", "c", "c"]  # another shard is other work
+    with Store(tmp_path / "store.duckdb", read_only=True) as s:
+        assert {r["shard"] for r in s.stages("c")} == {"0/1", "1/2"}
+    with pytest.raises(RunError, match="unknown stage 'd'; stages: tasks, b, c"):
+        run(cfg, tmp_path, counting_stages(calls), until="d")
+    with pytest.raises(RunError, match="--until or --only"):
+        run(cfg, tmp_path, counting_stages(calls), until="b", only="c")
+
+
+def test_only_needs_earlier_stages(tmp_path):
+    with pytest.raises(RunError, match="stage 'tasks' has not finished"):
+        run(fake_cfg(), tmp_path, counting_stages([]), only="b")
+
+
+def test_force_clears_every_stage_whose_sections_changed(tmp_path):
+    calls: list[str] = []
+    run(fake_cfg(), tmp_path, counting_stages(calls))
+    with pytest.raises(RunError) as e:
+        run(fake_cfg("search.k=2"), tmp_path, counting_stages(calls), until="tasks")
+    assert "stage 'b'" in str(e.value) and "stage 'c'" in str(e.value)  # outside the plan too
+    run(fake_cfg("search.k=2"), tmp_path, counting_stages(calls), force=True)
+    assert calls == ["b", "c", "b", "c"]
+    with Store(tmp_path / "store.duckdb", read_only=True) as s:
+        assert s.stage("tasks")["stats"]["train"] == 3  # untouched
+        assert s.checkpoint("b", "", "ran") is True
+
+
+def test_stage_must_mark_itself_done(tmp_path):
+    stage = Stage("lazy", (), lambda ctx: {"n": 1})
+    with pytest.raises(RuntimeError, match="without calling ctx.finish"):
+        run(fake_cfg(), tmp_path, [stage])
+
+
+def test_outputs_and_done_mark_commit_together(tmp_path):
+    """A crash between writing outputs and finishing leaves neither."""
+
+    def crashes(ctx):
+        with ctx.store.transaction():
+            ctx.store.insert_tasks([Task("x", "fake", "x")], stage=ctx.stage)
+            raise KeyboardInterrupt  # e.g. Ctrl-C before ctx.finish
+
+    with pytest.raises(KeyboardInterrupt):
+        run(fake_cfg(), tmp_path, [Stage("tasks", (), crashes)])
+    with Store(tmp_path / "store.duckdb", read_only=True) as s:
+        assert s.tasks() == [] and s.stage("tasks")["status"] == "failed"
+    assert json.loads((tmp_path / "progress.json").read_text())["status"] == "interrupted"
