@@ -78,3 +78,12 @@ class Trajectory:
     @property
     def done(self) -> bool:
         return bool(self.steps) and self.steps[-1].done
+
+
+def step_to_dict(step: Step) -> dict[str, Any]:
+    return asdict(step)
+
+
+def step_from_dict(d: dict[str, Any]) -> Step:
+    call = d.get("tool_call")
+    return Step(**{**d, "tool_call": ToolCall(**call) if call else None})

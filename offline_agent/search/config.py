@@ -18,7 +18,6 @@ class SearchConfig:
     max_depth: int = _f(8, "deepest node (agent steps) a tree or rollout may reach")
     expand_temperature: float = _f(1.0, "sampling temperature for the K proposals")
     rollout_temperature: float = _f(0.7, "sampling temperature for rollouts to a terminal state")
-    max_new_tokens: int = _f(48, "token budget of one action")
     alpha: float = _f(0.5, "critic weight in Q = alpha*Q_mcts + (1-alpha)*Q_critic (eq. 10)")
     step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")
     critic: str = _f("logprob", "logprob: one batched scoring of choice labels; none: uniform")
@@ -34,7 +33,7 @@ class SearchConfig:
         i, _, n = self.shard.partition("/")
         if not (i.isdigit() and n.isdigit() and int(i) < int(n)):
             raise ValueError(f"search.shard must look like i/n with 0 <= i < n, got {self.shard!r}")
-        for name in ("simulations", "k", "max_depth", "max_new_tokens", "trees_per_batch"):
+        for name in ("simulations", "k", "max_depth", "trees_per_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"search.{name} must be >= 1")
 

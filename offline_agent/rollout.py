@@ -1,0 +1,82 @@
+"""Batched episodes: many envs step in lockstep so one generate call serves all of them.
+
+Used by evaluation (greedy success), calibration and the search baseline. On CPU the
+batch is the main speed lever (~7x tokens/s at 16 sequences on 2 cores).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from offline_agent.chat import history_messages, render_prompt
+from offline_agent.envs.base import Env
+from offline_agent.policy.base import Policy, Sampling
+from offline_agent.types import Step, Task, Trajectory
+
+
+def action_sampling(env: Env, temperature: float, seed: int | None) -> Sampling:
+    """One reply is one action: the env says where to cut it and how long it may be."""
+    return Sampling(max_new_tokens=env.max_action_tokens, temperature=temperature,
+                    stop=list(env.stop), seed=seed)
+
+
+def run_episodes(
+    policy: Policy,
+    make_env: Callable[[], Env],
+    tasks: list[Task],
+    temperature: float = 0.0,
+    seed: int = 0,
+    batch_size: int = 16,
+    on_done: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
+    """Play every task to the end (done or the env's step limit); returns trajectories in order."""
+    out: list[Trajectory | None] = [None] * len(tasks)
+    for start in range(0, len(tasks), batch_size):
+        chunk = list(range(start, min(start + batch_size, len(tasks))))
+        envs = {i: make_env() for i in chunk}
+        trajs = {}
+        for i in chunk:
+            first = envs[i].reset(tasks[i])
+            trajs[i] = Trajectory(task_id=tasks[i].id, env=tasks[i].env,
+                                  instruction=tasks[i].instruction, first_observation=first)
+        system = envs[chunk[0]].system_prompt()
+        active = list(chunk)
+        turn = 0
+        while active:
+            prompts = [
+                render_prompt(policy.tokenizer, history_messages(
+                    system, trajs[i].instruction, trajs[i].first_observation, trajs[i].steps))
+                for i in active
+            ]
+            sampling = action_sampling(envs[chunk[0]], temperature, seed + 1000 * start + turn)
+            completions = policy.sample(prompts, 1, sampling)
+            for i, (completion,) in zip(active, completions):
+                call, result = envs[i].act(completion.text)
+                trajs[i].steps.append(Step(
+                    action=completion.text, observation=result.observation, tool_call=call,
+                    reward=result.reward, done=result.done, invalid=result.invalid,
+                    info=result.info))
+                if result.done:
+                    trajs[i].reward = result.reward
+                    trajs[i].achieved = envs[i].describe_achieved()
+            finished = [i for i in active if trajs[i].steps[-1].done]
+            for i in finished:
+                out[i] = trajs[i]
+                if on_done:
+                    on_done(trajs[i])
+            active = [i for i in active if i not in finished]
+            turn += 1
+    return out  # type: ignore[return-value]
+
+
+def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Success rate, mean reward, invalid-action rate and mean steps."""
+    n = max(len(trajectories), 1)
+    steps = [s for t in trajectories for s in t.steps]
+    return {
+        "episodes": len(trajectories),
+        "success_rate": sum(t.success for t in trajectories) / n,
+        "mean_reward": sum(t.reward for t in trajectories) / n,
+        "invalid_rate": sum(s.invalid for s in steps) / max(len(steps), 1),
+        "mean_steps": len(steps) / n,
+    }

@@ -1,0 +1,259 @@
+"""Agent Q's Monte Carlo tree search, as pure logic with no model or database inside.
+
+One simulation is a generator: it walks the tree, steps the env, and *yields* what it
+needs from a model (`Sample` K proposals or a rollout action, `Critique` the proposals),
+receiving the answers by `send`. A driver decides how to serve those requests: the
+batched searcher gathers the requests of many trees into one generate call; a
+sequential driver serves them one at a time. The algorithm is the same in both.
+
+Selection is UCB1 as in Agent Q eq. 7, `Q + c*sqrt(log N(parent) / (1 + N(child)))`, or
+PUCT with the critic's score as prior. An unvisited child's Q is its critic score (the
+AI critique orders first visits); backup keeps a running mean of returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Generator
+from dataclasses import dataclass, field
+
+from offline_agent.envs.base import Env
+from offline_agent.search.config import SearchConfig
+from offline_agent.types import Step, Task, ToolCall, Trajectory
+
+
+@dataclass
+class Node:
+    id: int  # local to the tree: the index in Tree.nodes
+    parent: int | None
+    depth: int  # agent steps from the root
+    action: str = ""  # raw text the policy wrote to get here ("" at the root)
+    tool_call: ToolCall | None = None
+    observation: str = ""
+    reward: float = 0.0  # env reward of this step (the outcome, on terminal steps)
+    terminal: bool = False  # episode over (done, or max depth reached)
+    invalid: bool = False
+    visits: int = 0
+    value_sum: float = 0.0
+    critic_rank: int | None = None  # 0 = the critic's favourite among its siblings
+    critic_score: float | None = None  # in [0, 1]; siblings' scores sum to 1
+    snapshot: bytes = b""  # env state after this step, so search branches without replay
+    created_sim: int = 0
+    children: list[int] = field(default_factory=list)
+
+    @property
+    def q(self) -> float:
+        return self.value_sum / self.visits if self.visits else 0.0
+
+
+@dataclass
+class Tree:
+    task: Task
+    nodes: list[Node]
+    simulations_done: int = 0
+
+    @classmethod
+    def new(cls, task: Task, env: Env) -> Tree:
+        observation = env.reset(task)
+        root = Node(id=0, parent=None, depth=0, observation=observation, snapshot=env.snapshot())
+        return cls(task=task, nodes=[root])
+
+    @property
+    def root(self) -> Node:
+        return self.nodes[0]
+
+    def path(self, node: Node) -> list[Node]:
+        """Nodes from the root down to `node`, both included."""
+        out = [node]
+        while out[-1].parent is not None:
+            out.append(self.nodes[out[-1].parent])
+        return out[::-1]
+
+    def steps(self, node: Node) -> list[Step]:
+        """The agent steps that lead from the root to `node`."""
+        return [
+            Step(action=n.action, observation=n.observation, tool_call=n.tool_call,
+                 reward=n.reward, done=n.terminal, invalid=n.invalid)
+            for n in self.path(node)[1:]
+        ]
+
+    def add_child(self, parent: Node, **fields) -> Node:
+        node = Node(id=len(self.nodes), parent=parent.id, depth=parent.depth + 1, **fields)
+        self.nodes.append(node)
+        parent.children.append(node.id)
+        return node
+
+
+# ---- requests a simulation yields to its driver --------------------------------------------
+@dataclass
+class Sample:
+    """Ask the policy for `n` actions after `steps` (answer: list[str] of length n)."""
+
+    task: Task
+    first_observation: str
+    steps: list[Step]
+    n: int
+    temperature: float
+    seed: int
+
+
+@dataclass
+class Critique:
+    """Ask the critic to score `actions` after `steps` (answer: list[float] in [0, 1])."""
+
+    task: Task
+    first_observation: str
+    steps: list[Step]
+    actions: list[str]
+
+
+@dataclass
+class SimulationResult:
+    simulation: int  # index of this simulation in its tree
+    trajectory: Trajectory  # root -> selected leaf -> rollout, as the env saw it
+    reward: float  # the backed-up return
+    new_nodes: list[int]  # ids of nodes created by this simulation
+    path: list[int]  # ids whose visits/value changed
+
+
+# ---- pure pieces ---------------------------------------------------------------------------
+def ucb1(q: float, n_parent: int, n_child: int, c: float) -> float:
+    """Agent Q eq. 7."""
+    return q + c * math.sqrt(math.log(max(n_parent, 1)) / (1 + n_child))
+
+
+def puct(q: float, prior: float, n_parent: int, n_child: int, c: float) -> float:
+    """AlphaZero-style: the critic's score steers exploration as a prior."""
+    return q + c * prior * math.sqrt(n_parent) / (1 + n_child)
+
+
+def child_value(node: Node) -> float:
+    """Running-mean Q once visited; before that, the critic's opinion (0 without a critic)."""
+    if node.visits:
+        return node.q
+    return node.critic_score or 0.0
+
+
+def select_child(tree: Tree, node: Node, cfg: SearchConfig) -> Node:
+    """The child maximising UCB1 (or PUCT); ties go to the earlier child."""
+    children = [tree.nodes[i] for i in node.children]
+    uniform = 1.0 / len(children)
+
+    def score(child: Node) -> float:
+        if cfg.selection == "puct":
+            prior = uniform if child.critic_score is None else child.critic_score
+            return puct(child_value(child), prior, node.visits, child.visits, cfg.c)
+        return ucb1(child_value(child), node.visits, child.visits, cfg.c)
+
+    return max(children, key=score)
+
+
+def backup(nodes: list[Node], reward: float) -> None:
+    """Running mean along the selected path: Q <- (Q*N + R) / (N + 1)."""
+    for node in nodes:
+        node.visits += 1
+        node.value_sum += reward
+
+
+def action_key(action: str, call: ToolCall | None) -> str:
+    """Proposals that parse to the same call (or read the same) are one child."""
+    if call is not None:
+        return json.dumps([call.name, call.arguments], sort_keys=True)
+    return " ".join(action.split())
+
+
+def seed_for(base: int, task_id: str, simulation: int, purpose: str) -> int:
+    """A stable seed per (task, simulation, request): a resumed tree samples what it would have."""
+    digest = hashlib.sha256(f"{base}/{task_id}/{simulation}/{purpose}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def rank_scores(scores: list[float]) -> list[int]:
+    """Rank of each score, 0 for the highest; ties keep proposal order."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    ranks = [0] * len(scores)
+    for rank, i in enumerate(order):
+        ranks[i] = rank
+    return ranks
+
+
+# ---- one simulation ------------------------------------------------------------------------
+def simulate(
+    tree: Tree, env: Env, cfg: SearchConfig, use_critic: bool = True
+) -> Generator[Sample | Critique, list, SimulationResult]:
+    """Select, expand (K proposals + critique), roll out to a terminal state, back up."""
+    sim = tree.simulations_done
+    task, first_obs = tree.task, tree.root.observation
+
+    # 1. selection: descend through expanded, non-terminal nodes
+    node = tree.root
+    while node.children and not node.terminal:
+        node = select_child(tree, node, cfg)
+    new_nodes: list[int] = []
+
+    # 2. expansion: K proposals, merged when they are the same action, then critiqued
+    if not node.terminal:
+        history = tree.steps(node)
+        seed = seed_for(cfg.seed, task.id, sim, f"expand/{node.id}")
+        proposals = yield Sample(task, first_obs, history, cfg.k, cfg.expand_temperature, seed)
+        seen: set[str] = set()
+        for text in proposals:
+            env.restore(node.snapshot)
+            call, result = env.act(text)
+            key = action_key(text, call)
+            if key in seen:
+                continue
+            seen.add(key)
+            child = tree.add_child(
+                node, action=text, tool_call=call, observation=result.observation,
+                reward=result.reward, invalid=result.invalid, created_sim=sim,
+                terminal=result.done or node.depth + 1 >= cfg.max_depth,
+                snapshot=env.snapshot(),
+            )
+            new_nodes.append(child.id)
+        children = [tree.nodes[i] for i in new_nodes]
+        if use_critic and len(children) > 1:
+            scores = yield Critique(task, first_obs, history, [c.action for c in children])
+        else:
+            scores = [1.0 / len(children)] * len(children)
+        for child, score, rank in zip(children, scores, rank_scores(scores)):
+            child.critic_score, child.critic_rank = float(score), rank
+        node = select_child(tree, node, cfg)
+
+    # 3. rollout with the policy from the chosen node to a terminal state or max depth
+    steps = tree.steps(node)
+    reward = node.reward if node.terminal else 0.0
+    env.restore(node.snapshot)
+    if not node.terminal:
+        for depth in range(node.depth, cfg.max_depth):
+            seed = seed_for(cfg.seed, task.id, sim, f"rollout/{depth}")
+            (text,) = yield Sample(task, first_obs, steps, 1, cfg.rollout_temperature, seed)
+            call, result = env.act(text)
+            steps.append(Step(action=text, observation=result.observation, tool_call=call,
+                              reward=result.reward, done=result.done, invalid=result.invalid))
+            if result.done:
+                reward = result.reward
+                break
+    achieved = env.describe_achieved()
+
+    # 4. backup
+    ret = reward - cfg.step_cost * len(steps)
+    path = tree.path(node)
+    backup(path, ret)
+    tree.simulations_done += 1
+    trajectory = Trajectory(task_id=task.id, env=task.env, instruction=task.instruction,
+                            first_observation=first_obs, steps=steps, reward=reward,
+                            achieved=achieved)
+    return SimulationResult(sim, trajectory, ret, new_nodes, [n.id for n in path])
+
+
+def drive(simulation: Generator, serve) -> SimulationResult:
+    """Run one simulation, answering each request with `serve(request)` (no batching)."""
+    try:
+        request = next(simulation)
+        while True:
+            request = simulation.send(serve(request))
+    except StopIteration as stop:
+        return stop.value

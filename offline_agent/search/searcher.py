@@ -1,0 +1,139 @@
+"""Batched MCTS driver: many trees advance together so one generate call serves them all.
+
+Each active tree runs one simulation generator (offline_agent.search.mcts.simulate). At
+every tick the driver gathers the pending requests of all trees, serves the samples in
+one `policy.sample` call per (n, temperature) group and the critiques in one batched
+forward, and sends the answers back. A tree whose simulation ends starts its next one
+at once (continuous batching); a finished tree hands its slot to the next task. Finished
+simulations are handed to `commit` after every tick, which is what makes a crash lose at
+most the simulations in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+from tqdm.auto import tqdm
+
+from offline_agent.chat import history_messages, render_prompt
+from offline_agent.envs.base import Env
+from offline_agent.policy.base import Policy, Sampling
+from offline_agent.search.config import SearchConfig
+from offline_agent.search.critic import Critic
+from offline_agent.search.mcts import Critique, Sample, SimulationResult, Tree, simulate
+
+Commit = Callable[[list[tuple[Tree, SimulationResult]]], None]
+
+
+@dataclass
+class _Slot:
+    tree: Tree
+    env: Env
+    sim: Generator | None = None  # the simulation in progress
+    request: Sample | Critique | None = None  # what it waits for; None once the tree is done
+
+
+def sample_prompt(policy: Policy, system: str, request: Sample) -> str:
+    messages = history_messages(system, request.task.instruction, request.first_observation,
+                                request.steps)
+    return render_prompt(policy.tokenizer, messages)
+
+
+class Searcher:
+    def __init__(self, policy: Policy, make_env: Callable[[], Env], cfg: SearchConfig,
+                 critic: Critic | None = None):
+        self.policy, self.make_env, self.cfg, self.critic = policy, make_env, cfg, critic
+        probe = make_env()
+        self.system = probe.system_prompt()
+        self.stop, self.max_tokens = list(probe.stop), probe.max_action_tokens
+
+    def run(self, trees: list[Tree], commit: Commit, progress: bool = True) -> dict[str, float]:
+        """Search every tree up to `cfg.simulations`; returns throughput stats."""
+        cfg = self.cfg
+        queue = [t for t in trees if t.simulations_done < cfg.simulations]
+        total = sum(cfg.simulations - t.simulations_done for t in queue)
+        bar = tqdm(total=total, desc="search", unit="sim", disable=not progress)
+        slots: list[_Slot] = []
+        free_envs = [self.make_env() for _ in range(min(cfg.trees_per_batch, len(queue)))]
+        nodes_before = sum(len(t.nodes) for t in trees)
+        solved: set[str] = set()
+        start = time.perf_counter()
+
+        while queue or slots:
+            finished: list[tuple[Tree, SimulationResult]] = []
+            while queue and free_envs:  # fill free slots with waiting trees
+                slot = _Slot(tree=queue.pop(0), env=free_envs.pop())
+                finished += self._advance(slot, None)
+                slots.append(slot)
+            live = [s for s in slots if s.request is not None]
+            for slot, answer in zip(live, self._serve([s.request for s in live])):
+                finished += self._advance(slot, answer)
+            if finished:
+                commit(finished)
+                bar.update(len(finished))
+                solved |= {t.task.id for t, r in finished if r.trajectory.success}
+            free_envs += [s.env for s in slots if s.request is None]
+            slots = [s for s in slots if s.request is not None]
+            new_nodes = sum(len(t.nodes) for t in trees) - nodes_before
+            rate = new_nodes / (time.perf_counter() - start)
+            bar.set_postfix(trees_left=len(queue) + len(slots), nodes_s=f"{rate:.2f}",
+                            solved=len(solved))
+        bar.close()
+        elapsed = time.perf_counter() - start
+        new_nodes = sum(len(t.nodes) for t in trees) - nodes_before
+        return {"seconds": elapsed, "nodes": new_nodes, "nodes_per_s": new_nodes / max(elapsed, 1e-9),
+                "simulations": total, "tasks_solved": len(solved)}
+
+    def _advance(self, slot: _Slot, answer) -> list[tuple[Tree, SimulationResult]]:
+        """Feed `answer` to the slot's simulation (start one if None) until it asks again.
+
+        A simulation can end without asking anything (it selected a terminal node), so
+        this loops, starting the tree's next simulation each time one ends.
+        """
+        done = []
+        while True:
+            try:
+                if slot.sim is None:
+                    slot.sim = simulate(slot.tree, slot.env, self.cfg, self.critic is not None)
+                    slot.request = next(slot.sim)
+                else:
+                    slot.request = slot.sim.send(answer)
+                return done
+            except StopIteration as stop:
+                done.append((slot.tree, stop.value))
+                slot.sim, slot.request = None, None
+                if slot.tree.simulations_done >= self.cfg.simulations:
+                    return done
+
+    def _serve(self, requests: list[Sample | Critique]) -> list[list]:
+        """Answer all pending requests with one sample call per (n, temperature) and one critique."""
+        answers: list[list] = [[] for _ in requests]
+        groups: dict[tuple[int, float], list[int]] = {}
+        critiques = []
+        for i, req in enumerate(requests):
+            if isinstance(req, Sample):
+                groups.setdefault((req.n, req.temperature), []).append(i)
+            else:
+                critiques.append(i)
+        for (n, temperature), idx in groups.items():
+            prompts = [sample_prompt(self.policy, self.system, requests[i]) for i in idx]
+            seeds = [requests[i].seed for i in idx]
+            sampling = Sampling(max_new_tokens=self.max_tokens, temperature=temperature,
+                                stop=self.stop, seed=_combine(seeds))
+            for i, completions in zip(idx, self.policy.sample(prompts, n, sampling)):
+                answers[i] = [c.text for c in completions]
+        if critiques:
+            assert self.critic is not None
+            for i, scores in zip(critiques, self.critic.score([requests[i] for i in critiques])):
+                answers[i] = scores
+        return answers
+
+
+def _combine(seeds: list[int]) -> int:
+    """One call seed from the requests' seeds: the same batch always samples the same."""
+    h = 0
+    for s in seeds:
+        h = (h * 1_000_003 + s) % (2**31 - 1)
+    return h

@@ -1,0 +1,174 @@
+"""Stage `search`: Agent Q MCTS over this shard's train tasks; trees land in the store.
+
+Every tick of the batched driver commits the simulations that finished in it, their new
+nodes, the visit/value updates along their paths, their rollout trajectories and the
+trees' counters, in one transaction. A crash loses only simulations in flight; on
+re-run each tree is rebuilt from its stored nodes (env snapshots included) and continues
+from its stored simulation count; a tree marked done is never searched again.
+"""
+
+from __future__ import annotations
+
+from offline_agent.search.mcts import Node, SimulationResult, Tree
+from offline_agent.types import Task, ToolCall, step_to_dict
+from pipelines.runner import StageContext
+from storage import Store, make_node_id
+
+TRAJS_PER_TREE = 1 << 20  # trajectory ids are tree_id * TRAJS_PER_TREE + simulation
+
+
+def node_row(tree_id: int, node: Node) -> dict:
+    return {
+        "node_id": make_node_id(tree_id, node.id),
+        "tree_id": tree_id,
+        "parent_id": None if node.parent is None else make_node_id(tree_id, node.parent),
+        "depth": node.depth,
+        "action": node.action,
+        "tool_call": None if node.tool_call is None else vars(node.tool_call),
+        "observation": node.observation,
+        "visits": node.visits,
+        "value_sum": node.value_sum,
+        "critic_rank": node.critic_rank,
+        "critic_score": node.critic_score,
+        "reward": node.reward,
+        "terminal": node.terminal,
+        "invalid": node.invalid,
+        "env_snapshot": node.snapshot,
+        "created_sim": node.created_sim,
+    }
+
+
+def tree_from_rows(task: Task, rows: list[dict], simulations_done: int) -> Tree:
+    """Rebuild an in-memory tree from its stored nodes (ordered by id: parents first)."""
+    nodes: list[Node] = []
+    for r in rows:
+        local = r["node_id"] % (1 << 24)
+        if local != len(nodes):
+            raise ValueError(f"tree of {task.id}: node ids are not contiguous at {local}")
+        parent = None if r["parent_id"] is None else r["parent_id"] % (1 << 24)
+        nodes.append(Node(
+            id=local, parent=parent, depth=r["depth"], action=r["action"] or "",
+            tool_call=ToolCall(**r["tool_call"]) if r["tool_call"] else None,
+            observation=r["observation"] or "", reward=r["reward"] or 0.0,
+            terminal=r["terminal"], invalid=r["invalid"], visits=r["visits"],
+            value_sum=r["value_sum"], critic_rank=r["critic_rank"],
+            critic_score=r["critic_score"], snapshot=r["env_snapshot"] or b"",
+            created_sim=r["created_sim"] or 0,
+        ))
+        if parent is not None:
+            nodes[parent].children.append(local)
+    return Tree(task=task, nodes=nodes, simulations_done=simulations_done)
+
+
+class TreeWriter:
+    """Turns finished simulations into one transaction of bulk inserts and updates."""
+
+    def __init__(self, store: Store, stage: str, tree_ids: dict[str, int], simulations: int):
+        self.store, self.stage, self.tree_ids, self.simulations = store, stage, tree_ids, simulations
+        self.best: dict[str, float] = {}
+
+    def create(self, trees: list[Tree]) -> None:
+        """Store new trees with their root nodes."""
+        with self.store.transaction():
+            self.store.insert_nodes([node_row(self.tree_ids[t.task.id], t.root) for t in trees])
+            self.store.upsert_trees([self._tree_row(t) for t in trees], self.stage)
+
+    def commit(self, finished: list[tuple[Tree, SimulationResult]]) -> None:
+        new: dict[int, tuple[int, Node]] = {}
+        touched: dict[int, tuple[int, Node]] = {}
+        trajectories, trees = [], {}
+        for tree, result in finished:
+            tid = self.tree_ids[tree.task.id]
+            trees[tid] = tree
+            for i in result.new_nodes:
+                new[make_node_id(tid, i)] = (tid, tree.nodes[i])
+            for i in result.path:
+                touched[make_node_id(tid, i)] = (tid, tree.nodes[i])
+            traj = result.trajectory
+            trajectories.append({
+                "traj_id": tid * TRAJS_PER_TREE + result.simulation, "task_id": tree.task.id,
+                "tree_id": tid, "source": "mcts_rollout", "simulation": result.simulation,
+                "steps": [step_to_dict(s) for s in traj.steps], "reward": traj.reward,
+                "success": traj.success, "achieved": traj.achieved,
+            })
+            key = tree.task.id
+            self.best[key] = max(self.best.get(key, float("-inf")), traj.reward)
+        updates = [  # rows read at commit time: the in-memory tree is the truth
+            {"node_id": nid, "visits": n.visits, "value_sum": n.value_sum}
+            for nid, (_, n) in touched.items() if nid not in new
+        ]
+        with self.store.transaction():
+            self.store.insert_nodes([node_row(tid, n) for tid, n in new.values()])
+            self.store.update_nodes(updates)
+            self.store.insert_trajectories(trajectories, self.stage)
+            self.store.upsert_trees([self._tree_row(t) for t in trees.values()], self.stage)
+
+    def _tree_row(self, tree: Tree) -> dict:
+        row = {
+            "tree_id": self.tree_ids[tree.task.id], "task_id": tree.task.id,
+            "status": "done" if tree.simulations_done >= self.simulations else "running",
+            "simulations_done": tree.simulations_done,
+        }
+        if tree.task.id in self.best:
+            row["best_reward"] = self.best[tree.task.id]
+        return row
+
+
+def run_search(ctx: StageContext) -> dict:
+    from offline_agent.envs.base import load_env
+    from offline_agent.policy import load_policy
+    from offline_agent.search.critic import Critic
+    from offline_agent.search.searcher import Searcher
+
+    cfg, store = ctx.cfg, ctx.store
+    i, n = cfg.search.shard_index
+    tasks = store.tasks("train")[i::n]
+    tree_ids = store.task_index()
+    stored = {t["task_id"]: t for t in store.trees()}
+
+    def make_env():
+        return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
+
+    todo = [t for t in tasks if stored.get(t.id, {}).get("status") != "done"]
+    stats: dict = {"trees": len(tasks), "trees_resumed": 0, "trees_skipped": len(tasks) - len(todo)}
+    if todo:
+        policy = load_policy(**vars(cfg.model), seed=cfg.run.seed)
+        critic = Critic(policy) if cfg.search.critic == "logprob" else None
+        writer = TreeWriter(store, ctx.stage, tree_ids, cfg.search.simulations)
+        trees, fresh = [], []
+        env = make_env()
+        for task in todo:
+            if task.id in stored:
+                row = stored[task.id]
+                rows = store.load_tree(tree_ids[task.id])
+                trees.append(tree_from_rows(task, rows, row["simulations_done"]))
+                writer.best[task.id] = row["best_reward"] if row["best_reward"] is not None else 0.0
+                stats["trees_resumed"] += 1
+            else:
+                tree = Tree.new(task, env)
+                trees.append(tree)
+                fresh.append(tree)
+        writer.create(fresh)
+
+        def commit(finished):
+            writer.commit(finished)
+            ctx.progress.update(trees_done=sum(t.simulations_done >= cfg.search.simulations
+                                               for t in trees),
+                                trees=len(trees), simulations_done=sum(t.simulations_done
+                                                                       for t in trees))
+
+        searcher = Searcher(policy, make_env, cfg.search, critic)
+        run_stats = searcher.run(trees, commit)
+        stats.update({k: round(v, 3) for k, v in run_stats.items() if k != "tasks_solved"})
+    stats.update(search_summary(store, [t.id for t in tasks]))
+    with store.transaction():
+        ctx.finish(stats)
+    return stats
+
+
+def search_summary(store: Store, task_ids: list[str]) -> dict:
+    """How many of these tasks the search solved at least once."""
+    wanted = set(task_ids)
+    solved = store.solved_tasks("mcts_rollout") & wanted
+    return {"tasks_solved_by_search": len(solved),
+            "search_success_rate": round(len(solved) / max(len(wanted), 1), 3)}

@@ -1,0 +1,165 @@
+"""MCTS core: arithmetic against hand-computed values, and search on a toy env with a known optimum."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from offline_agent.envs.base import ActionError, Env, StepResult
+from offline_agent.search.config import SearchConfig
+from offline_agent.search.mcts import (
+    Critique,
+    Node,
+    Sample,
+    Tree,
+    action_key,
+    backup,
+    drive,
+    puct,
+    rank_scores,
+    seed_for,
+    select_child,
+    simulate,
+    ucb1,
+)
+from offline_agent.types import Task, ToolCall
+
+
+class Corridor(Env):
+    """Two moves, left or right. Only right-right pays 1; right-left pays 0.25; left pays 0."""
+
+    name = "corridor"
+    tools = [{"type": "function", "function": {
+        "name": "go", "parameters": {"type": "object", "properties": {
+            "direction": {"type": "string"}}, "required": ["direction"]}}}]
+
+    def tasks(self, split, n):
+        return [Task(id=f"corridor-{i}", env="corridor", instruction="reach the end") for i in range(n)]
+
+    def system_prompt(self):
+        return "go[left] or go[right]"
+
+    def _reset(self, task):
+        self.state = ""
+        return "start"
+
+    def _execute(self, call: ToolCall) -> StepResult:
+        d = call.arguments["direction"]
+        if d not in ("left", "right"):
+            raise ActionError("direction must be left or right")
+        self.state += d[0]
+        if len(self.state) < 2:
+            return StepResult(observation=f"at {self.state}")
+        reward = {"rr": 1.0, "rl": 0.25}.get(self.state, 0.0)
+        return StepResult(observation="end", reward=reward, done=True)
+
+
+def uniform_policy(request):
+    """Random proposals; the critic mildly prefers the first proposal it is shown."""
+    if isinstance(request, Sample):
+        r = random.Random(request.seed)
+        moves = ["go[left]", "go[right]", "jump"]
+        if request.n == 1:
+            return [r.choice(moves)]
+        r.shuffle(moves)  # expansions see every move, in a seeded order
+        return (moves + [r.choice(moves) for _ in range(request.n)])[: request.n]
+    assert isinstance(request, Critique)
+    n = len(request.actions)
+    return [1.0 / n] * n
+
+
+def test_ucb1_and_puct_by_hand():
+    assert ucb1(0.5, 10, 3, 1.0) == pytest.approx(0.5 + math.sqrt(math.log(10) / 4))
+    assert ucb1(0.2, 1, 0, 2.0) == pytest.approx(0.2)  # log 1 = 0: no bonus yet
+    assert puct(0.1, 0.6, 9, 2, 1.5) == pytest.approx(0.1 + 1.5 * 0.6 * 3 / 3)
+
+
+def test_backup_is_a_running_mean():
+    nodes = [Node(id=0, parent=None, depth=0), Node(id=1, parent=0, depth=1)]
+    for r in (1.0, 0.0, 0.5):
+        backup(nodes, r)
+    assert [n.visits for n in nodes] == [3, 3]
+    assert nodes[1].q == pytest.approx(0.5)
+    assert nodes[0].value_sum == pytest.approx(1.5)
+
+
+def test_select_prefers_critic_for_unvisited_then_ucb():
+    cfg = SearchConfig(c=1.0)
+    root = Node(id=0, parent=None, depth=0, visits=4, children=[1, 2])
+    a = Node(id=1, parent=0, depth=1, critic_score=0.3, visits=3, value_sum=0.9)  # q 0.3
+    b = Node(id=2, parent=0, depth=1, critic_score=0.7)  # unvisited: value 0.7
+    tree = Tree(task=Task(id="t", env="e", instruction=""), nodes=[root, a, b])
+    # a: 0.3 + sqrt(ln4/4) = 0.889 ; b: 0.7 + sqrt(ln4/1) = 1.877
+    assert select_child(tree, root, cfg) is b
+    b.visits, b.value_sum = 20, 0.0  # b proved worthless
+    # a: 0.889 ; b: 0 + sqrt(ln4/21) = 0.257
+    assert select_child(tree, root, cfg) is a
+    puct_cfg = SearchConfig(selection="puct", c=1.0)
+    # a: 0.3 + 0.3*2/4 = 0.45 ; b: 0 + 0.7*2/21 = 0.067
+    assert select_child(tree, root, puct_cfg) is a
+
+
+def test_helpers():
+    assert rank_scores([0.2, 0.5, 0.3]) == [2, 0, 1]
+    assert action_key("search[x]", ToolCall("search", {"query": "x"})) == action_key(
+        'search[ x ]', ToolCall("search", {"query": "x"}))
+    assert action_key("  foo   bar ", None) == "foo bar"
+    assert seed_for(0, "t", 1, "a") == seed_for(0, "t", 1, "a") != seed_for(0, "t", 2, "a")
+
+
+def run_search(cfg: SearchConfig, serve=uniform_policy) -> Tree:
+    env = Corridor(max_steps=5)
+    tree = Tree.new(env.tasks("train", 1)[0], env)
+    for _ in range(cfg.simulations):
+        drive(simulate(tree, env, cfg), serve)
+    return tree
+
+
+def test_mcts_finds_the_best_first_action():
+    cfg = SearchConfig(simulations=40, k=4, c=1.0, max_depth=3)
+    tree = run_search(cfg)
+    root = tree.root
+    assert root.visits == 40 == tree.simulations_done
+    children = {tree.nodes[i].action: tree.nodes[i] for i in root.children}
+    assert {"go[left]", "go[right]"} <= set(children)
+    best = max(children.values(), key=lambda n: n.q)
+    assert best.action == "go[right]"
+    # the search spent most of its visits on the better branch
+    assert children["go[right]"].visits > children["go[left]"].visits
+    # visits of children sum to parent visits minus the first (root-only) pass
+    assert sum(tree.nodes[i].visits for i in root.children) == root.visits
+    # invalid proposals become flagged children, never exceptions
+    if "jump" in children:
+        assert children["jump"].invalid
+
+
+def test_duplicates_are_merged_and_critic_scores_stored():
+    def fixed(request):
+        if isinstance(request, Sample):
+            return ["go[right]", "go[ right ]", "go[left]", "go[right]"][: request.n]
+        return [0.8, 0.2]
+
+    cfg = SearchConfig(simulations=1, k=4, max_depth=3)
+    tree = run_search(cfg, fixed)
+    kids = [tree.nodes[i] for i in tree.root.children]
+    assert [k.action for k in kids] == ["go[right]", "go[left]"]
+    assert [k.critic_rank for k in kids] == [0, 1]
+    assert [k.critic_score for k in kids] == [0.8, 0.2]
+    # the first simulation rolled out from the critic's favourite
+    assert kids[0].visits == 1 and kids[1].visits == 0
+
+
+def test_search_is_deterministic_given_seed():
+    cfg = SearchConfig(simulations=12, k=3, max_depth=3, seed=7)
+    a, b = run_search(cfg), run_search(cfg)
+    assert [(n.action, n.visits, n.value_sum) for n in a.nodes] == [
+        (n.action, n.visits, n.value_sum) for n in b.nodes]
+
+
+def test_step_cost_and_max_depth():
+    cfg = SearchConfig(simulations=6, k=2, max_depth=1, step_cost=0.1)
+    tree = run_search(cfg)
+    assert all(tree.nodes[i].terminal for i in tree.root.children)  # depth 1 is the limit
+    assert tree.root.value_sum == pytest.approx(-0.1 * 6)  # never reaches a reward at depth 1

@@ -1,0 +1,97 @@
+"""The batched driver must grow exactly the trees that one-tree-at-a-time search grows."""
+
+from __future__ import annotations
+
+import hashlib
+
+from offline_agent.policy.base import Completion
+from offline_agent.search.config import SearchConfig
+from offline_agent.search.critic import Critic
+from offline_agent.search.mcts import Critique, Sample, Tree, drive, simulate
+from offline_agent.search.searcher import Searcher, sample_prompt
+from tests.test_mcts import Corridor
+
+ACTIONS = ["go[left]", "go[right]", "jump", "go[right]"]
+
+
+def _h(*parts) -> int:
+    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:4], "little")
+
+
+class PromptHashPolicy:
+    """Answers depend only on the prompt text, so batching cannot change them."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.sample_calls = 0
+        self.critic_calls = 0
+
+    def sample(self, prompts, n, sampling):
+        self.sample_calls += 1
+        return [[Completion(ACTIONS[_h(p, j) % len(ACTIONS)], [], []) for j in range(n)]
+                for p in prompts]
+
+    def choice_logprobs(self, prompts, choices):
+        self.critic_calls += 1
+        return [[-(_h(p, c) % 7) / 3 for c in cs] for p, cs in zip(prompts, choices)]
+
+
+def _sequential(policy, env, cfg, tree):
+    critic = Critic(policy)
+    system = env.system_prompt()
+
+    def serve(req):
+        if isinstance(req, Sample):
+            prompt = sample_prompt(policy, system, req)
+            return [c.text for c in policy.sample([prompt], req.n, None)[0]]
+        assert isinstance(req, Critique)
+        return critic.score([req])[0]
+
+    while tree.simulations_done < cfg.simulations:
+        drive(simulate(tree, env, cfg), serve)
+
+
+def _signature(tree):
+    return [(n.parent, n.action, n.visits, round(n.value_sum, 9), n.critic_rank) for n in tree.nodes]
+
+
+def test_batched_equals_sequential_and_commits_every_simulation(tokenizer):
+    cfg = SearchConfig(simulations=6, k=3, max_depth=3, trees_per_batch=3)
+    make_env = lambda: Corridor(max_steps=5)  # noqa: E731
+    tasks = [t for t in make_env().tasks("train", 5)]
+    for i, t in enumerate(tasks):  # distinct instructions -> distinct prompts per tree
+        t.instruction = f"reach the end, attempt {i}"
+
+    policy = PromptHashPolicy(tokenizer)
+    trees = [Tree.new(t, make_env()) for t in tasks]
+    committed = []
+    stats = Searcher(policy, make_env, cfg, Critic(policy)).run(
+        trees, lambda batch: committed.append(batch), progress=False)
+
+    reference = []
+    for t in tasks:
+        env = make_env()
+        tree = Tree.new(t, env)
+        _sequential(PromptHashPolicy(tokenizer), env, cfg, tree)
+        reference.append(tree)
+
+    assert [_signature(t) for t in trees] == [_signature(t) for t in reference]
+    assert all(t.simulations_done == cfg.simulations for t in trees)
+    results = [r for batch in committed for r in batch]
+    assert len(results) == len(tasks) * cfg.simulations == stats["simulations"]
+    assert stats["nodes"] == sum(len(t.nodes) - 1 for t in trees)
+    # batching: far fewer model calls than simulations x requests
+    assert policy.sample_calls < sum(len(r.trajectory.steps) for _, r in results)
+
+
+def test_resumed_trees_only_run_missing_simulations(tokenizer):
+    cfg = SearchConfig(simulations=4, k=2, max_depth=3, trees_per_batch=2)
+    make_env = lambda: Corridor(max_steps=5)  # noqa: E731
+    policy = PromptHashPolicy(tokenizer)
+    trees = [Tree.new(t, make_env()) for t in make_env().tasks("train", 2)]
+    Searcher(policy, make_env, SearchConfig(simulations=2, k=2, max_depth=3), None).run(
+        trees, lambda b: None, progress=False)
+    committed = []
+    Searcher(policy, make_env, cfg, None).run(trees, committed.append, progress=False)
+    assert sum(len(b) for b in committed) == 2 * 2
+    assert [t.simulations_done for t in trees] == [4, 4]
