@@ -18,14 +18,19 @@ class Sampling:
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)  # cut the text at the first stop string
-    seed: int | None = None  # seeds this call; same seed + inputs -> same outputs on CPU
+    # seeds this call (same seed + inputs -> same outputs on CPU); a list gives each prompt
+    # its own seed, so a prompt's samples do not depend on the other prompts of the call
+    seed: int | list[int] | None = None
 
 
 @dataclass
 class Completion:
     text: str  # decoded text, cut at the first stop string (the stop string is not included)
-    token_ids: list[int]  # generated ids that produced `text`
-    logprobs: list[float]  # per-token log-prob of each id under the sampling distribution's model
+    # generated ids that produce `text` (the fewest; a token in which the stop string begins is
+    # kept), followed by the eos id when eos ended the turn (not decoded into `text`)
+    token_ids: list[int]
+    # log-prob of each id under the raw model (temperature 1, no top-p), as GRPO needs
+    logprobs: list[float]
     finish_reason: str = "length"  # "stop" (eos or stop string) | "length"
 
     @property
@@ -44,4 +49,8 @@ class Policy(Protocol):
 
     def score(self, prompt: str, continuations: list[str]) -> list[float]:
         """Summed log-prob of each continuation given the prompt, in one batched forward."""
+        ...
+
+    def choice_logprobs(self, prompts: list[str], choices: list[list[str]]) -> list[list[float]]:
+        """score() for many prompts at once: [[log p(c | prompt) for c in cs] for each prompt]."""
         ...

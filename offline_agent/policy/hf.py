@@ -1,0 +1,278 @@
+"""transformers backend: batched sampling and scoring on CPU or GPU.
+
+A short decode loop of our own instead of `model.generate`, because it gives us three things
+that generate does not, cheaply:
+
+- Each row (prompt i, sample j) draws from its own generator seeded by (call seed, row index),
+  so a sample does not depend on which other rows shared its batch or how rows were chunked.
+- The log-prob of every sampled token under the model's raw distribution (temperature 1,
+  no top-p) comes with the logits we already have. GRPO's ratio and KL need exactly these.
+- On CPU, prefilling long histories costs more than decoding a short action
+  (benchmarks/generation.py). The prompts of one batch share a long prefix (system prompt,
+  tool descriptions), and the n samples of a prompt share the whole prompt. So the common prefix
+  is computed once at batch 1 and kept for the next call, each distinct prompt once, and the
+  KV cache is then expanded to the n rows.
+
+The cache is padded in the middle: [common prefix][left pad][rest of prompt]. The attention
+mask hides the pad, and position ids count only real tokens. This is for decoder-only models
+with full attention (Llama, Qwen2, SmolLM, ...).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from .base import Completion, Sampling
+from .models import resolve_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """Ids of a prompt already rendered with the chat template. Templates write their own BOS,
+    so special tokens are not added again. BOS is prepended only where the tokenizer itself
+    would add one and the text lacks it."""
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    bos = tokenizer.bos_token_id
+    if bos is not None and tokenizer("").input_ids[:1] == [bos] and ids[:1] != [bos]:
+        ids = [bos] + ids
+    if not ids:
+        raise ValueError("empty prompt: there is nothing to condition on")
+    return ids
+
+
+def finish(tokenizer, ids: list[int], logprobs: list[float], stop: list[str], ended: bool):
+    """The Completion for generated `ids`, shared by every backend. `ended`: the last id is eos.
+
+    A final eos token is kept in token_ids/logprobs (the policy chose to end its turn, and the
+    action mask trains that token) but is not decoded into the text. With a stop string, the
+    text is cut before it, and ids/logprobs are cut to the fewest tokens whose decoding starts
+    with that text. When the stop string begins inside a token, that token is kept.
+    """
+    text = tokenizer.decode(ids[:-1] if ended else ids, clean_up_tokenization_spaces=False)
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    if cut < 0:
+        return Completion(text, ids, logprobs, "stop" if ended else "length")
+    text = text[:cut]
+    k = next(
+        k for k in range(len(ids) + 1)
+        if tokenizer.decode(ids[:k], clean_up_tokenization_spaces=False).startswith(text)
+    )
+    return Completion(text, ids[:k], logprobs[:k], "stop")
+
+
+def row_seed(seed: int, row: int) -> int:
+    """The seed of row `row` (prompt i, sample j -> row i*n + j) in a call seeded with `seed`."""
+    return hash((seed, row)) & (2**63 - 1)  # CPython hashes int tuples the same in every run
+
+
+def row_seeds(seed: int | list[int], num_prompts: int, n: int) -> list[int]:
+    """Seeds of all rows of a call: from the call's seed, or from each prompt's own seed."""
+    if isinstance(seed, int):
+        return [row_seed(seed, r) for r in range(num_prompts * n)]
+    if len(seed) != num_prompts:
+        raise ValueError(f"{len(seed)} seeds for {num_prompts} prompts")
+    return [row_seed(s, j) for s in seed for j in range(n)]
+
+
+def _common_prefix(seqs: list[list[int]]) -> int:
+    n = 0
+    for column in zip(*seqs):
+        if any(t != column[0] for t in column):
+            break
+        n += 1
+    return n
+
+
+class HFPolicy:
+    """The Policy contract on a transformers causal LM. See the module docstring for the design."""
+
+    def __init__(self, model, tokenizer, max_batch: int = 32, seed: int = 0):
+        """`model` is used as it is: from_pretrained puts it in eval mode; a caller passing a model
+        it trains (GRPO) does so itself and calls clear_cache() after each update."""
+        self.model = model
+        self.tokenizer = tokenizer
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.max_batch = max_batch
+        self.device = model.device
+        eos = model.generation_config.eos_token_id
+        self.eos = {tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
+        self._rng = torch.Generator().manual_seed(seed)  # seeds calls whose Sampling.seed is None
+        self._prefix: tuple[list[int], DynamicCache | None] = ([], None)
+
+    @classmethod
+    def from_pretrained(cls, model_id: str, device: str = "auto", dtype: str = "auto",
+                        adapter: str | None = None, max_batch: int = 32, seed: int = 0):
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if dtype == "auto":
+            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
+        path = resolve_model(model_id)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
+        if adapter:
+            from peft import PeftModel
+
+            # Merged: sampling runs at the base model's speed.
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        return cls(model, tokenizer, max_batch=max_batch, seed=seed)
+
+    def clear_cache(self) -> None:
+        """Forget the kept prefix KV. Call this after changing the model's weights in place."""
+        self._prefix = ([], None)
+
+    @torch.inference_mode()
+    def sample(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
+        """n completions per prompt. Completion.logprobs are under the raw model (temperature 1,
+        no top-p), whatever the sampling settings."""
+        seed = sampling.seed
+        if seed is None:
+            seed = int(torch.randint(2**62, (), generator=self._rng))
+        ids = [encode_prompt(self.tokenizer, p) for p in prompts]
+        rows = [i for i in range(len(prompts)) for _ in range(n)]
+        seeds = row_seeds(seed, len(prompts), n)
+        out: list[Completion] = []
+        for start in range(0, len(rows), self.max_batch):
+            chunk = range(start, min(start + self.max_batch, len(rows)))
+            out += self._generate([ids[rows[r]] for r in chunk], [seeds[r] for r in chunk],
+                                  sampling)
+        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def score(self, prompt: str, continuations: list[str]) -> list[float]:
+        """Summed log-prob of each continuation after the prompt (see choice_logprobs)."""
+        return self.choice_logprobs([prompt], [continuations])[0]
+
+    @torch.inference_mode()
+    def choice_logprobs(self, prompts: list[str], choices: list[list[str]]) -> list[list[float]]:
+        """For each prompt, the summed log-prob of each of its choices as the continuation.
+
+        Prompt and choice are tokenized apart and their ids concatenated, as in generation.
+        Each chunk of max_batch (prompt, choice) pairs costs one prefill of its distinct
+        prompts (common prefix once) and one forward of [last prompt token][choice][pad].
+        """
+        ids = [encode_prompt(self.tokenizer, p) for p in prompts]
+        pairs = [(i, self.tokenizer(c, add_special_tokens=False).input_ids)
+                 for i, cs in enumerate(choices) for c in cs]
+        flat: list[float] = []
+        for start in range(0, len(pairs), self.max_batch):
+            chunk = pairs[start:start + self.max_batch]
+            cache, mask = self._prefill([ids[i] for i, _ in chunk])
+            width = 1 + max(len(c) for _, c in chunk)
+            tokens = torch.full((len(chunk), width), self.tokenizer.pad_token_id, device=self.device)
+            new = torch.zeros_like(tokens)
+            for row, (i, c) in enumerate(chunk):  # right-padded
+                tokens[row, :1 + len(c)] = torch.tensor(ids[i][-1:] + c)
+                new[row, :1 + len(c)] = 1
+            positions = mask.sum(1, keepdim=True) + torch.arange(width, device=self.device)
+            logits = self.model(tokens, attention_mask=torch.cat([mask, new], 1),
+                                position_ids=positions, cache=cache).logits
+            logp = logits[:, :-1].float().log_softmax(-1).gather(2, tokens[:, 1:, None])[..., 0]
+            flat += (logp * new[:, 1:]).sum(1).tolist()
+        out, at = [], 0
+        for cs in choices:
+            out.append(flat[at:at + len(cs)])
+            at += len(cs)
+        return out
+
+    def _generate(self, rows: list[list[int]], seeds: list[int], sampling: Sampling):
+        """Sample one completion per row (a prompt's ids) in one batched decode loop."""
+        cache, mask = self._prefill(rows)
+        last = torch.tensor([r[-1] for r in rows], device=self.device)
+        generators = [torch.Generator(self.device).manual_seed(s) for s in seeds]
+        ids: list[list[int]] = [[] for _ in rows]
+        logprobs: list[list[float]] = [[] for _ in rows]
+        active = list(range(len(rows)))  # rows still generating, in batch order
+        for _ in range(sampling.max_new_tokens):
+            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
+            logits = self.model(last[:, None], attention_mask=mask,
+                                position_ids=mask.sum(1, keepdim=True) - 1, cache=cache)
+            logits = logits.logits[:, -1].float()
+            tokens = _pick(logits, [generators[r] for r in active], sampling)
+            token_logprobs = logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0].tolist()
+            keep = []
+            for i, r in enumerate(active):
+                ids[r].append(int(tokens[i]))
+                logprobs[r].append(token_logprobs[i])
+                if not self._stopped(ids[r], sampling.stop):
+                    keep.append(i)
+            if not keep:
+                break
+            if len(keep) < len(active):  # finished rows leave the batch
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                mask, tokens = mask[index], tokens[index]
+                active = [active[i] for i in keep]
+            last = tokens
+        return [finish(self.tokenizer, i, lp, sampling.stop, bool(i) and i[-1] in self.eos)
+                for i, lp in zip(ids, logprobs)]
+
+    def _stopped(self, ids: list[int], stop: list[str]) -> bool:
+        if ids[-1] in self.eos:
+            return True
+        if not stop:
+            return False
+        text = self.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
+        return any(s in text for s in stop)
+
+    def _prefill(self, rows: list[list[int]]) -> tuple[DynamicCache, torch.Tensor]:
+        """KV cache and attention mask of each row's prompt but its last token (the caller
+        feeds that one). Each distinct prompt is computed once, their common prefix once at
+        batch 1, and the cache is then expanded to the rows. Layout: [prefix][left pad][rest]."""
+        where = {p: i for i, p in enumerate(dict.fromkeys(map(tuple, rows)))}
+        distinct = list(where)
+        shared = min(_common_prefix(distinct), min(map(len, distinct)) - 1)
+        cache = self._prefix_cache(list(distinct[0][:shared]))
+        rests = [p[shared:-1] for p in distinct]
+        width = max(map(len, rests))
+        mask = torch.zeros(len(distinct), shared + width, dtype=torch.long, device=self.device)
+        mask[:, :shared] = 1
+        ids = torch.full((len(distinct), width), self.tokenizer.pad_token_id, device=self.device)
+        for i, rest in enumerate(rests):
+            mask[i, shared + width - len(rest):] = 1
+            ids[i, width - len(rest):] = torch.tensor(rest, dtype=torch.long)
+        cache.batch_repeat_interleave(len(distinct))
+        if width:
+            positions = (mask.cumsum(1) - 1).clamp(min=0)[:, shared:]
+            self.model(ids, attention_mask=mask, position_ids=positions, cache=cache,
+                       logits_to_keep=1)
+        index = torch.tensor([where[tuple(r)] for r in rows], device=self.device)
+        cache.batch_select_indices(index)
+        return cache, mask[index]
+
+    def _prefix_cache(self, prefix: list[int]) -> DynamicCache:
+        """A fresh batch-1 KV cache of `prefix`. The last prefix is kept across calls. Consecutive
+        calls share the system prompt and tool descriptions, so only the new part is computed."""
+        kept, kept_cache = self._prefix
+        k = _common_prefix([kept, prefix])
+        if k:
+            cache = copy.deepcopy(kept_cache)
+            cache.crop(k - len(kept))  # drop what differs (a no-op when k == len(kept))
+        else:
+            cache = DynamicCache(config=self.model.config)
+        if len(prefix) > k:
+            self.model(torch.tensor([prefix[k:]], device=self.device), cache=cache, logits_to_keep=1)
+            self._prefix = (prefix, copy.deepcopy(cache))
+        return cache
+
+
+def _pick(logits: torch.Tensor, generators: list[torch.Generator], sampling: Sampling):
+    """Next token per row: argmax at temperature 0, else one draw per row from its generator."""
+    if sampling.temperature == 0:
+        return logits.argmax(-1)
+    probs = (logits / sampling.temperature).softmax(-1)
+    if sampling.top_p < 1:  # keep the smallest set of tokens whose mass reaches top_p
+        sorted_probs, order = probs.sort(-1, descending=True)
+        sorted_probs[sorted_probs.cumsum(-1) - sorted_probs > sampling.top_p] = 0
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    # Inverse CDF with one uniform per row from its own generator: far cheaper on CPU than
+    # torch.multinomial row by row. Zero-probability tokens are never picked (right=True).
+    u = torch.cat([torch.rand(1, generator=g, device=probs.device) for g in generators])
+    cdf = probs.cumsum(-1)
+    picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return picked.clamp(max=probs.shape[-1] - 1)

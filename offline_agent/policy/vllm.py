@@ -1,0 +1,121 @@
+"""vLLM backend (GPU): the same contract as HFPolicy, with vLLM's automatic prefix caching.
+
+Each (prompt, sample) row is its own request. It carries the hf backend's row seed, so a sample
+depends on (seed, row) only, whatever vLLM batches it with. Prefix caching makes the repeated
+prompt and the shared system prompt nearly free. Prompts go in as token ids (encode_prompt),
+so BOS is never doubled. The Completion is rebuilt from the returned ids by the hf backend's
+`finish`, so both backends cut stop strings and keep eos the same way.
+
+Needs vLLM's V1 engine (>= 0.10.2) for `logprobs_mode="raw_logprobs"`. With it, the sampled
+tokens' log-probs come from the raw model, before temperature and top-p, as in HFPolicy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from .base import Completion, Sampling
+from .hf import encode_prompt, finish, row_seeds
+from .models import resolve_model
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # values vLLM accepts for max_lora_rank
+
+
+class VLLMPolicy:
+    def __init__(self, model_id: str, device: str = "auto", dtype: str = "auto",
+                 max_batch: int = 32, adapter: str | None = None, seed: int = 0):
+        try:
+            import vllm
+            from vllm.lora.request import LoRARequest
+        except ImportError as e:
+            raise ImportError(
+                "backend 'vllm' needs vLLM and a CUDA GPU: pip install 'offline-agent[vllm]' "
+                "(on CPU use backend 'hf')"
+            ) from e
+        if device not in ("auto", "cuda") or not torch.cuda.is_available():
+            raise RuntimeError(f"backend 'vllm' runs on a CUDA GPU only (device={device!r}, "
+                               f"cuda available: {torch.cuda.is_available()}); use backend 'hf'")
+        self._vllm = vllm
+        path = resolve_model(model_id)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        lora, self._lora = {}, None
+        if adapter:
+            rank = json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]
+            lora = {"enable_lora": True, "max_lora_rank": next(r for r in LORA_RANKS if r >= rank)}
+            self._lora = LoRARequest("adapter", 1, str(Path(adapter).resolve()))
+        self.llm = vllm.LLM(
+            model=path,
+            dtype="bfloat16" if dtype == "auto" else dtype,
+            seed=seed,
+            enable_prefix_caching=True,
+            max_num_seqs=max_batch,
+            logprobs_mode="raw_logprobs",
+            **lora,
+        )
+        self._rng = torch.Generator().manual_seed(seed)  # seeds calls whose Sampling.seed is None
+
+    def sample(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
+        """n completions per prompt. Completion.logprobs are under the raw model (temperature 1,
+        no top-p), whatever the sampling settings."""
+        seed = sampling.seed
+        if seed is None:
+            seed = int(torch.randint(2**62, (), generator=self._rng))
+        ids = [encode_prompt(self.tokenizer, p) for p in prompts]
+        rows = [i for i in range(len(prompts)) for _ in range(n)]
+        seeds = row_seeds(seed, len(prompts), n)
+        params = [
+            self._vllm.SamplingParams(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_new_tokens,
+                stop=sampling.stop or None,
+                seed=seeds[r],
+                logprobs=0,  # only the sampled token's log-prob
+                skip_special_tokens=False,  # stop strings see the text HFPolicy sees
+            )
+            for r in range(len(rows))
+        ]
+        outputs = self.llm.generate(
+            [self._vllm.TokensPrompt(prompt_token_ids=ids[i]) for i in rows],
+            params, use_tqdm=False, lora_request=self._lora,
+        )
+        out = []
+        for o in (request.outputs[0] for request in outputs):
+            logprobs = [step[t].logprob for t, step in zip(o.token_ids, o.logprobs)]
+            # finish_reason "stop" with no stop string means eos (or a stop token id) ended it
+            ended = o.finish_reason == "stop" and not isinstance(o.stop_reason, str)
+            out.append(finish(self.tokenizer, list(o.token_ids), logprobs, sampling.stop, ended))
+        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def score(self, prompt: str, continuations: list[str]) -> list[float]:
+        """Summed log-prob of each continuation after the prompt (see choice_logprobs)."""
+        return self.choice_logprobs([prompt], [continuations])[0]
+
+    def choice_logprobs(self, prompts: list[str], choices: list[list[str]]) -> list[list[float]]:
+        """For each prompt, the summed log-prob of each of its choices, read from vLLM's prompt
+        log-probs of prompt + choice. Prompt and choice are tokenized apart and their ids
+        concatenated, as in generation. (vLLM recomputes, rather than reads, the prefix cache
+        for requests that ask for prompt log-probs.)"""
+        ids = [encode_prompt(self.tokenizer, p) for p in prompts]
+        pairs = [(i, self.tokenizer(c, add_special_tokens=False).input_ids)
+                 for i, cs in enumerate(choices) for c in cs]
+        params = self._vllm.SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0,
+                                           detokenize=False)
+        outputs = self.llm.generate(
+            [self._vllm.TokensPrompt(prompt_token_ids=ids[i] + c) for i, c in pairs],
+            params, use_tqdm=False, lora_request=self._lora,
+        )
+        flat = [
+            sum(o.prompt_logprobs[t][o.prompt_token_ids[t]].logprob
+                for t in range(len(ids[i]), len(o.prompt_token_ids)))
+            for (i, _), o in zip(pairs, outputs)
+        ]
+        out, at = [], 0
+        for cs in choices:
+            out.append(flat[at:at + len(cs)])
+            at += len(cs)
+        return out
