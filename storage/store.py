@@ -405,6 +405,11 @@ class Store:
             "trajectories", f"SELECT * FROM trajectories {where} ORDER BY traj_id", params
         )
 
+    def trajectory_tasks(self, source: str) -> set[str]:
+        """Ids of tasks with at least one trajectory from `source` (what a resume can skip)."""
+        rows = self._sql("SELECT DISTINCT task_id FROM trajectories WHERE source = ?", [source])
+        return {r[0] for r in rows}
+
     def solved_tasks(self, source: str) -> set[str]:
         """Ids of tasks with at least one successful trajectory from `source`."""
         rows = self._sql("SELECT DISTINCT task_id FROM trajectories WHERE source = ? AND success",

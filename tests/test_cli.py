@@ -14,18 +14,22 @@ from pipelines.cli import main
 from storage import Store, make_node_id
 
 CONFIG = """\
-run: {name: fake}
+run: {{name: fake}}
+model: {{id: {model}, device: cpu}}
 env:
   name: tests.test_runner:FakeEnv
+  kwargs: {{max_steps: 2}}
   train_tasks: 4
   test_tasks: 2
+search: {{simulations: 2, k: 2, max_depth: 2, trees_per_batch: 4}}
 """
 
 
 @pytest.fixture
-def config(tmp_path) -> str:
+def config(tmp_path, tiny_model_dir) -> str:
+    """The whole pipeline, for real, on a tiny random model and a fake env."""
     path = tmp_path / "fake.yaml"
-    path.write_text(CONFIG)
+    path.write_text(CONFIG.format(model=tiny_model_dir))
     return str(path)
 
 

@@ -13,6 +13,8 @@ from offline_agent.types import Task, ToolCall
 from pipelines.config import RunConfig
 from pipelines.runner import RunError, Stage, run
 from pipelines.stages import STAGES
+
+TASKS_ONLY = STAGES[:1]  # the model-free stage; the others are tested in test_cli/test_search_stage
 from storage import Store
 
 FAKE_ENV = "tests.test_runner:FakeEnv"
@@ -69,10 +71,10 @@ def counting_stages(calls: list[str], fail: set[str] = frozenset()) -> list[Stag
 
 def test_tasks_stage_stores_tasks_and_skips_on_rerun(tmp_path, capsys):
     cfg = fake_cfg("run.seed=7")
-    out = run(cfg, tmp_path, STAGES)
+    out = run(cfg, tmp_path, TASKS_ONLY)
     assert out["tasks"]["status"] == "done"
     assert out["tasks"]["stats"] == {"env": "fake", "train": 3, "test": 2}
-    again = run(cfg, tmp_path, STAGES)
+    again = run(cfg, tmp_path, TASKS_ONLY)
     assert again["tasks"]["status"] == "skipped"
     assert "stage tasks: already done" in capsys.readouterr().out
     with Store(tmp_path / "store.duckdb", read_only=True) as s:
@@ -88,15 +90,15 @@ def test_tasks_stage_stores_tasks_and_skips_on_rerun(tmp_path, capsys):
 
 
 def test_changed_config_is_refused_then_forced(tmp_path, capsys):
-    run(fake_cfg(), tmp_path, STAGES)
+    run(fake_cfg(), tmp_path, TASKS_ONLY)
     changed = fake_cfg("env.train_tasks=4", "env.kwargs.prefix=u")
     with pytest.raises(RunError) as e:
-        run(changed, tmp_path, STAGES)
+        run(changed, tmp_path, TASKS_ONLY)
     assert "env.train_tasks: 3 -> 4" in str(e.value) and "--force" in str(e.value)
     assert "env.kwargs.prefix: '<unset>' -> 'u'" in str(e.value)
     # unrelated sections and unhashed keys do not matter
-    run(fake_cfg("search.k=9", "run.name=renamed"), tmp_path, STAGES)
-    out = run(changed, tmp_path, STAGES, force=True)
+    run(fake_cfg("search.k=9", "run.name=renamed"), tmp_path, TASKS_ONLY)
+    out = run(changed, tmp_path, TASKS_ONLY, force=True)
     assert out["tasks"]["stats"]["train"] == 4
     assert "config changed, --force: cleared" in capsys.readouterr().out
     with Store(tmp_path / "store.duckdb", read_only=True) as s:

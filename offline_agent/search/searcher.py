@@ -119,9 +119,8 @@ class Searcher:
                 critiques.append(i)
         for (n, temperature), idx in groups.items():
             prompts = [sample_prompt(self.policy, self.system, requests[i]) for i in idx]
-            seeds = [requests[i].seed for i in idx]
             sampling = Sampling(max_new_tokens=self.max_tokens, temperature=temperature,
-                                stop=self.stop, seed=_combine(seeds))
+                                stop=self.stop, seed=[requests[i].seed for i in idx])
             for i, completions in zip(idx, self.policy.sample(prompts, n, sampling)):
                 answers[i] = [c.text for c in completions]
         if critiques:
@@ -130,10 +129,3 @@ class Searcher:
                 answers[i] = scores
         return answers
 
-
-def _combine(seeds: list[int]) -> int:
-    """One call seed from the requests' seeds: the same batch always samples the same."""
-    h = 0
-    for s in seeds:
-        h = (h * 1_000_003 + s) % (2**31 - 1)
-    return h
