@@ -87,7 +87,8 @@ def test_status_reads_store(tmp_path, config, capsys):
     capsys.readouterr()
     assert main(["status", str(run_dir)]) == 0
     out = capsys.readouterr().out
-    assert "tasks" in out and "done" in out and "rows: tasks 6, trees 0" in out
+    assert "tasks" in out and "done" in out and "rows: tasks 6, trees 4" in out
+    assert "trajectories 12" in out  # 4 greedy episodes + 4 trees x 2 simulations
     assert main(["status", str(tmp_path / "nothing")]) == 2
     assert "no store at" in capsys.readouterr().err
 
@@ -121,33 +122,42 @@ def test_status_falls_back_to_progress_while_running(tmp_path, config, capsys):
     assert "stage search [shard 0/1]: running  trees_done=3 simulations=24" in out
 
 
-def shard_run(tmp_path, config, i: int, tree_ids) -> Path:
+def shard_run(tmp_path, config, i: int) -> Path:
     run_dir = tmp_path / f"shard{i}"
     assert main(["run", config, "--run-dir", str(run_dir), "--set", f"search.shard={i}/2"]) == 0
-    with Store(run_dir / "store.duckdb") as s:
-        tasks = s.tasks("train")
-        s.upsert_trees([{"tree_id": t, "task_id": tasks[t].id, "status": "done"}
-                        for t in tree_ids], stage="search")
-        s.insert_nodes([{"node_id": make_node_id(t, 0), "tree_id": t, "depth": 0}
-                        for t in tree_ids])
     return run_dir
 
 
-def test_merge(tmp_path, config, capsys):
-    a = shard_run(tmp_path, config, 0, [0, 2])
-    b = shard_run(tmp_path, config, 1, [1, 3])
+def tree_rows(run_dir: Path) -> tuple[dict, dict]:
+    with Store(run_dir / "store.duckdb", read_only=True) as s:
+        nodes = {n["node_id"]: (n["action"], n["visits"], n["value_sum"])
+                 for t in s.trees() for n in s.load_tree(t["tree_id"])}
+        return s.counts(), nodes
+
+
+def test_merge_of_shards_equals_unsharded_run(tmp_path, config, capsys):
+    a, b = shard_run(tmp_path, config, 0), shard_run(tmp_path, config, 1)
     out = tmp_path / "merged"
     assert main(["merge", str(out), str(a), str(b)]) == 0
-    merged = capsys.readouterr().out
-    assert "trees 4" in merged and "nodes 4" in merged and "tasks 6" in merged
-    with Store(out / "store.duckdb", read_only=True) as s:
-        assert s.counts()["tasks"] == 6 and len(s.runs()) == 2
+    assert "trees 4" in capsys.readouterr().out
+    whole = tmp_path / "whole"
+    assert main(["run", config, "--run-dir", str(whole)]) == 0
+    merged_counts, merged_nodes = tree_rows(out)
+    whole_counts, whole_nodes = tree_rows(whole)
+    for table in ("tasks", "trees", "nodes", "trajectories"):
+        assert merged_counts[table] == whole_counts[table], table
+    assert merged_nodes == whole_nodes  # per-prompt seeds: sharding changes no sample
+    # the merged run continues without redoing any search
+    capsys.readouterr()
+    assert main(["run", config, "--run-dir", str(out)]) == 0
+    assert tree_rows(out)[0]["trajectories"] == whole_counts["trajectories"]
+
     assert main(["merge", str(out), str(a)]) == 2  # never overwrite
     assert "exists" in capsys.readouterr().err
     c = tmp_path / "c"
     shutil.copytree(b, c)
     with Store(c / "store.duckdb") as s:
-        s.update_nodes([{"node_id": make_node_id(1, 0), "visits": 9}])
+        s.update_nodes([{"node_id": make_node_id(1, 0), "visits": 99}])
     assert main(["merge", str(tmp_path / "m2"), str(a), str(b), str(c)]) == 2
     err = capsys.readouterr().err
     assert "nodes row" in err and "Traceback" not in err
