@@ -74,6 +74,16 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("shards", type=Path, nargs="+", metavar="SHARD_DIR",
                    help="run directories of the shards")
     m.set_defaults(func=cmd_merge)
+
+    t = sub.add_parser("tree", help="draw one task's search tree as an HTML page or GraphML",
+                       description="HTML: a self-contained page (visits, Q and critic score per "
+                       "node; click a node for its action and observation). GraphML: opens in "
+                       "Gephi or yEd.")
+    t.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    t.add_argument("--task", required=True, metavar="ID", help="task id, e.g. minishop-train-00003")
+    t.add_argument("--format", choices=("html", "graphml"), default="html")
+    t.add_argument("--out", type=Path, help="output file (default: RUN_DIR/trees/ID.FORMAT)")
+    t.set_defaults(func=cmd_tree)
     return p
 
 
@@ -149,6 +159,29 @@ def cmd_merge(args: argparse.Namespace) -> int:
     print("merged rows: " + ", ".join(f"{t} {n}" for t, n in added.items()))
     print(f"run directory: {args.out}  (continue with: offline-agent run CONFIG "
           f"--run-dir {args.out})")
+    return 0
+
+
+def cmd_tree(args: argparse.Namespace) -> int:
+    from pipelines.treeview import render_html, write_graphml
+
+    with Store(args.run_dir / "store.duckdb", read_only=True) as store:
+        trees = {t["task_id"]: t for t in store.trees()}
+        if args.task not in trees:
+            known = ", ".join(list(trees)[:5]) or "none yet"
+            raise StoreError(f"no search tree for task {args.task!r} (trees: {known}, ...)")
+        tree = trees[args.task]
+        nodes = store.load_tree(tree["tree_id"])
+        task = next(t for t in store.tasks() if t.id == args.task)
+    out = args.out or args.run_dir / "trees" / f"{args.task}.{args.format}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.format == "graphml":
+        write_graphml(nodes, out)
+    else:
+        title = (f"{args.task}: {task.instruction} ({tree['simulations_done']} simulations, "
+                 f"best reward {tree['best_reward']})")
+        out.write_text(render_html(nodes, title))
+    print(f"wrote {out} ({len(nodes)} nodes)")
     return 0
 
 

@@ -170,3 +170,24 @@ def test_console_script_help():
                          check=False)
     assert out.returncode == 0
     assert "--until STAGE" in out.stdout and "search.simulations = " in out.stdout
+
+
+def test_tree_view_html_and_graphml(tmp_path, config, capsys):
+    import networkx as nx
+
+    run_dir = tmp_path / "r"
+    assert main(["run", config, "--run-dir", str(run_dir)]) == 0
+    with Store(run_dir / "store.duckdb", read_only=True) as s:
+        task_id = s.trees()[0]["task_id"]
+        n_nodes = len(s.load_tree(0))
+    assert main(["tree", str(run_dir), "--task", task_id]) == 0
+    page = (run_dir / "trees" / f"{task_id}.html").read_text()
+    assert page.count("<circle") == n_nodes and "const DATA" in page and "http" not in page
+    out = tmp_path / "t.graphml"
+    assert main(["tree", str(run_dir), "--task", task_id, "--format", "graphml", "--out", str(out)]) == 0
+    g = nx.read_graphml(out)
+    assert g.number_of_nodes() == n_nodes and g.number_of_edges() == n_nodes - 1
+    root = next(n for n in g if g.in_degree(n) == 0)
+    assert g.nodes[root]["visits"] == 2  # the config's simulations
+    assert main(["tree", str(run_dir), "--task", "nope"]) == 2
+    assert "no search tree for task 'nope'" in capsys.readouterr().err
