@@ -23,9 +23,9 @@ from pathlib import Path
 # `storage` package; drop the folder.
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-import duckdb
+import duckdb  # noqa: E402
 
-from storage import Store, make_node_id
+from storage import Store, make_node_id  # noqa: E402
 
 
 def node_rows(n: int, tree_id: int = 0) -> list[dict]:

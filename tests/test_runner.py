@@ -13,9 +13,9 @@ from offline_agent.types import Task, ToolCall
 from pipelines.config import RunConfig
 from pipelines.runner import RunError, Stage, run
 from pipelines.stages import STAGES
+from storage import Store
 
 TASKS_ONLY = STAGES[:1]  # the model-free stage; the others are tested in test_cli/test_search_stage
-from storage import Store
 
 FAKE_ENV = "tests.test_runner:FakeEnv"
 

@@ -57,7 +57,7 @@ def _signature(tree):
 
 def test_batched_equals_sequential_and_commits_every_simulation(tokenizer):
     cfg = SearchConfig(simulations=6, k=3, max_depth=3, trees_per_batch=3)
-    make_env = lambda: Corridor(max_steps=5)  # noqa: E731
+    make_env = lambda: Corridor(max_steps=5)
     tasks = [t for t in make_env().tasks("train", 5)]
     for i, t in enumerate(tasks):  # distinct instructions -> distinct prompts per tree
         t.instruction = f"reach the end, attempt {i}"
@@ -86,7 +86,7 @@ def test_batched_equals_sequential_and_commits_every_simulation(tokenizer):
 
 def test_resumed_trees_only_run_missing_simulations(tokenizer):
     cfg = SearchConfig(simulations=4, k=2, max_depth=3, trees_per_batch=2)
-    make_env = lambda: Corridor(max_steps=5)  # noqa: E731
+    make_env = lambda: Corridor(max_steps=5)
     policy = PromptHashPolicy(tokenizer)
     trees = [Tree.new(t, make_env()) for t in make_env().tasks("train", 2)]
     Searcher(policy, make_env, SearchConfig(simulations=2, k=2, max_depth=3), None).run(
