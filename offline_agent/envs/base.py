@@ -37,6 +37,8 @@ class Env(ABC):
 
     name: str = "env"
     tools: list[dict] = []  # OpenAI/HF function specs: {"type": "function", "function": {...}}
+    stop: list[str] = ["\n\n"]  # where a policy reply is cut: one action per reply
+    max_action_tokens: int = 48  # token budget of one reply
 
     def __init__(self, max_steps: int = 10, seed: int = 0):
         self.max_steps = max_steps

@@ -167,8 +167,10 @@ def run_search(ctx: StageContext) -> dict:
 
 
 def search_summary(store: Store, task_ids: list[str]) -> dict:
-    """How many of these tasks the search solved at least once."""
+    """Tasks the search solved at least once, next to those the greedy base policy solved."""
     wanted = set(task_ids)
     solved = store.solved_tasks("mcts_rollout") & wanted
-    return {"tasks_solved_by_search": len(solved),
-            "search_success_rate": round(len(solved) / max(len(wanted), 1), 3)}
+    greedy = store.solved_tasks("greedy") & wanted
+    return {"tasks_solved_by_search": len(solved), "tasks_solved_greedy": len(greedy),
+            "search_success_rate": round(len(solved) / max(len(wanted), 1), 3),
+            "greedy_success_rate": round(len(greedy) / max(len(wanted), 1), 3)}
