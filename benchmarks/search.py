@@ -51,11 +51,10 @@ def main() -> None:
           f"{batched['nodes_per_s']:.2f} nodes/s")
 
     env = make_env()
-    system = env.system_prompt()
 
     def serve(request):
         if isinstance(request, Sample):
-            prompt = sample_prompt(policy, system, request)
+            prompt = sample_prompt(policy, env, request)
             return [
                 policy.sample([prompt], 1, Sampling(
                     max_new_tokens=env.max_action_tokens, temperature=request.temperature,

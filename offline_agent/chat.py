@@ -35,14 +35,16 @@ _OBSERVATION_ROLE: dict[str, str] = {}  # chat template text -> role used for ob
 
 
 def history_messages(
-    system: str, instruction: str, first_observation: str, steps: list[Step]
+    system: str, instruction: str, first_observation: str, steps: list[Step],
+    demo: list[Message] = (),
 ) -> list[Message]:
-    """[system, user(instruction + observation), (assistant action, tool observation)...].
+    """[system, *demo, user(instruction + observation), (assistant action, tool observation)...].
 
-    An empty first observation leaves the user turn as the bare instruction.
+    `demo` is the env's worked episode (Env.demonstration), shown as real turns. An empty
+    first observation leaves the user turn as the bare instruction.
     """
     user = "\n\n".join(part for part in (instruction, first_observation) if part)
-    messages = [Message("system", system), Message("user", user)]
+    messages = [Message("system", system), *demo, Message("user", user)]
     for step in steps:
         calls = [step.tool_call] if step.tool_call else None
         messages.append(Message("assistant", step.action, tool_calls=calls))
@@ -50,9 +52,9 @@ def history_messages(
     return messages
 
 
-def trajectory_messages(system: str, traj: Trajectory) -> list[Message]:
+def trajectory_messages(system: str, traj: Trajectory, demo: list[Message] = ()) -> list[Message]:
     """The messages of a (possibly partial) trajectory; see `history_messages`."""
-    return history_messages(system, traj.instruction, traj.first_observation, traj.steps)
+    return history_messages(system, traj.instruction, traj.first_observation, traj.steps, demo)
 
 
 def to_chat_dicts(messages: list[Message]) -> list[dict]:

@@ -39,13 +39,14 @@ def run_episodes(
             first = envs[i].reset(tasks[i])
             trajs[i] = Trajectory(task_id=tasks[i].id, env=tasks[i].env,
                                   instruction=tasks[i].instruction, first_observation=first)
-        system = envs[chunk[0]].system_prompt()
+        system, demo = envs[chunk[0]].system_prompt(), envs[chunk[0]].demonstration()
         active = list(chunk)
         turn = 0
         while active:
             prompts = [
                 render_prompt(policy.tokenizer, history_messages(
-                    system, trajs[i].instruction, trajs[i].first_observation, trajs[i].steps))
+                    system, trajs[i].instruction, trajs[i].first_observation, trajs[i].steps,
+                    demo))
                 for i in active
             ]
             sampling = action_sampling(envs[chunk[0]], temperature, seed + 1000 * start + turn)

@@ -220,6 +220,10 @@ def test_pages_are_compact_and_list_their_actions():
     assert product.title in obs and f"${product.price:.2f}" in obs and "buy" in obs
     for group, values in product.options:
         assert f"{group}: {', '.join(values)}" in obs
+    (g1, v1), (g2, v2) = [(g, vs[-1]) for g, vs in product.options]
+    env.step(click(v2))
+    obs = env.step(click(v1.upper())).observation  # clicks are case-insensitive
+    assert f"Selected: {g1} {v1}, {g2} {v2}" in obs  # in the page's order, not the click order
     assert task.instruction not in obs  # pages never depend on the goal (hindsight relies on it)
 
 
@@ -277,7 +281,10 @@ def test_hindsight_task_rewards_the_same_trajectory_with_one():
         assert achieved is not None and achieved.id.startswith(task.id)
         goal = Goal.from_data(achieved.data)
         assert goal.target == pid and goal.price_upper >= product.price
-        assert product.options[-1][1][-1] in achieved.instruction and product.type in achieved.instruction
+        assert (
+            product.options[-1][1][-1] in achieved.instruction
+            and product.type in achieved.instruction
+        )
         assert replay(MiniShop(difficulty=4), achieved, actions)[1] == 1.0
         rewards.append(original)
     assert min(rewards) < 1.0  # relabeling turned real failures into successes

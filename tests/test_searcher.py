@@ -38,11 +38,10 @@ class PromptHashPolicy:
 
 def _sequential(policy, env, cfg, tree):
     critic = Critic(policy)
-    system = env.system_prompt()
 
     def serve(req):
         if isinstance(req, Sample):
-            prompt = sample_prompt(policy, system, req)
+            prompt = sample_prompt(policy, env, req)
             return [c.text for c in policy.sample([prompt], req.n, None)[0]]
         assert isinstance(req, Critique)
         return critic.score([req])[0]

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from offline_agent.types import Task, ToolCall
+from offline_agent.types import Message, Task, ToolCall
 
 MAX_ARGUMENT_CHARS = 2000  # longer arguments are refused as invalid actions
 
@@ -63,6 +63,12 @@ class Env(ABC):
     @abstractmethod
     def _execute(self, call: ToolCall) -> StepResult:
         """Run a parsed, schema-checked call. Raise ActionError for bad arguments."""
+
+    def demonstration(self) -> list[Message]:
+        """A worked episode as chat turns (user, assistant, tool, ...) shown after the system
+        prompt. Small models copy the format of real turns far better than of prompt text;
+        every prompt shares it, so the policy's prefix cache makes it nearly free."""
+        return []
 
     def achieved_task(self) -> Task | None:
         """A task that the current terminal state satisfies (hindsight relabeling), or None.

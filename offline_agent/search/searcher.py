@@ -35,9 +35,9 @@ class _Slot:
     request: Sample | Critique | None = None  # what it waits for; None once the tree is done
 
 
-def sample_prompt(policy: Policy, system: str, request: Sample) -> str:
-    messages = history_messages(system, request.task.instruction, request.first_observation,
-                                request.steps)
+def sample_prompt(policy: Policy, env: Env, request: Sample) -> str:
+    messages = history_messages(env.system_prompt(), request.task.instruction,
+                                request.first_observation, request.steps, env.demonstration())
     return render_prompt(policy.tokenizer, messages)
 
 
@@ -45,9 +45,8 @@ class Searcher:
     def __init__(self, policy: Policy, make_env: Callable[[], Env], cfg: SearchConfig,
                  critic: Critic | None = None):
         self.policy, self.make_env, self.cfg, self.critic = policy, make_env, cfg, critic
-        probe = make_env()
-        self.system = probe.system_prompt()
-        self.stop, self.max_tokens = list(probe.stop), probe.max_action_tokens
+        self.probe = make_env()  # renders prompts; the system prompt and demo are per env
+        self.stop, self.max_tokens = list(self.probe.stop), self.probe.max_action_tokens
 
     def run(self, trees: list[Tree], commit: Commit, progress: bool = True) -> dict[str, float]:
         """Search every tree up to `cfg.simulations`; returns throughput stats."""
@@ -118,7 +117,7 @@ class Searcher:
             else:
                 critiques.append(i)
         for (n, temperature), idx in groups.items():
-            prompts = [sample_prompt(self.policy, self.system, requests[i]) for i in idx]
+            prompts = [sample_prompt(self.policy, self.probe, requests[i]) for i in idx]
             sampling = Sampling(max_new_tokens=self.max_tokens, temperature=temperature,
                                 stop=self.stop, seed=[requests[i].seed for i in idx])
             for i, completions in zip(idx, self.policy.sample(prompts, n, sampling)):

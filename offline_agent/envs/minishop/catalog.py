@@ -155,10 +155,9 @@ CATEGORIES = (
     ),
 )
 
-BRANDS = (
-    "Acme", "Aurora", "Bolt", "Cedar", "Cobalt", "Delta", "Ember", "Fjord", "Granite",
-    "Harbor", "Indigo", "Juniper", "Kestrel", "Lumen", "Maple", "Nimbus", "Orbit", "Pioneer",
-    "Quill", "Ridge", "Summit", "Tundra", "Umber", "Vista", "Willow", "Zephyr",
+BRANDS = tuple(
+    "Acme Aurora Bolt Cedar Cobalt Delta Ember Fjord Granite Harbor Indigo Juniper Kestrel "
+    "Lumen Maple Nimbus Orbit Pioneer Quill Ridge Summit Tundra Umber Vista Willow Zephyr".split()
 )
 
 

@@ -19,10 +19,7 @@ def search_page() -> str:
 def results_page(query: str, products: list[Product], page: int, n_pages: int) -> str:
     echo = query if len(query) <= QUERY_ECHO_CHARS else query[: QUERY_ECHO_CHARS - 3] + "..."
     if not products:
-        return (
-            f'No results for "{echo}".\n'
-            "Available actions: search[other words], click[back]"
-        )
+        return f'No results for "{echo}".\nAvailable actions: search[other words], click[back]'
     lines = [f'Results for "{echo}" (page {page} of {n_pages}):']
     lines += [f"{p.id} {p.title} ${p.price:.2f}" for p in products]
     moves = [m for m, ok in (("click[next]", page < n_pages), ("click[prev]", page > 1)) if ok]
