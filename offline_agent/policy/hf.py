@@ -69,8 +69,12 @@ def row_seed(seed: int, row: int) -> int:
     return hash((seed, row)) & (2**63 - 1)  # CPython hashes int tuples the same in every run
 
 
-def row_seeds(seed: int | list[int], num_prompts: int, n: int) -> list[int]:
-    """Seeds of all rows of a call: from the call's seed, or from each prompt's own seed."""
+def row_seeds(seed: int | list[int] | None, num_prompts: int, n: int,
+              rng: torch.Generator) -> list[int]:
+    """Seeds of all rows of a call: from the call's seed, from each prompt's own seed, or
+    (seed None) from a call seed drawn from the backend's `rng`."""
+    if seed is None:
+        seed = int(torch.randint(2**62, (), generator=rng))
     if isinstance(seed, int):
         return [row_seed(seed, r) for r in range(num_prompts * n)]
     if len(seed) != num_prompts:
@@ -131,12 +135,9 @@ class HFPolicy:
     def sample(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
         """n completions per prompt. Completion.logprobs are under the raw model (temperature 1,
         no top-p), whatever the sampling settings."""
-        seed = sampling.seed
-        if seed is None:
-            seed = int(torch.randint(2**62, (), generator=self._rng))
         ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         rows = [i for i in range(len(prompts)) for _ in range(n)]
-        seeds = row_seeds(seed, len(prompts), n)
+        seeds = row_seeds(sampling.seed, len(prompts), n, self._rng)
         out: list[Completion] = []
         for start in range(0, len(rows), self.max_batch):
             chunk = range(start, min(start + self.max_batch, len(rows)))

@@ -61,12 +61,9 @@ class VLLMPolicy:
     def sample(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
         """n completions per prompt. Completion.logprobs are under the raw model (temperature 1,
         no top-p), whatever the sampling settings."""
-        seed = sampling.seed
-        if seed is None:
-            seed = int(torch.randint(2**62, (), generator=self._rng))
         ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         rows = [i for i in range(len(prompts)) for _ in range(n)]
-        seeds = row_seeds(seed, len(prompts), n)
+        seeds = row_seeds(sampling.seed, len(prompts), n, self._rng)
         params = [
             self._vllm.SamplingParams(
                 temperature=sampling.temperature,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from offline_agent.search.mcts import Node, SimulationResult, Tree
 from offline_agent.types import Task, ToolCall, step_to_dict
 from pipelines.runner import StageContext
-from storage import Store, make_node_id
+from storage import NODES_PER_TREE, Store, make_node_id
 
 TRAJS_PER_TREE = 1 << 20  # trajectory ids are tree_id * TRAJS_PER_TREE + simulation
 
@@ -42,10 +42,10 @@ def tree_from_rows(task: Task, rows: list[dict], simulations_done: int) -> Tree:
     """Rebuild an in-memory tree from its stored nodes (ordered by id: parents first)."""
     nodes: list[Node] = []
     for r in rows:
-        local = r["node_id"] % (1 << 24)
+        local = r["node_id"] % NODES_PER_TREE
         if local != len(nodes):
             raise ValueError(f"tree of {task.id}: node ids are not contiguous at {local}")
-        parent = None if r["parent_id"] is None else r["parent_id"] % (1 << 24)
+        parent = None if r["parent_id"] is None else r["parent_id"] % NODES_PER_TREE
         nodes.append(Node(
             id=local, parent=parent, depth=r["depth"], action=r["action"] or "",
             tool_call=ToolCall(**r["tool_call"]) if r["tool_call"] else None,
