@@ -11,8 +11,11 @@ instruction and, for some prompts, one earlier step. The printed comparisons:
    num_return_sequences does before prefill), against HFPolicy, which prefills it once and expands the
    KV cache; "warm" means the system prompt is already kept from an earlier call.
 3. 16 prompts that share the system prompt: `generate` (and its prefill alone) against
-   HFPolicy with the common prefix turned off (the same prefill work as generate, so this
-   isolates the decode loop), then with the common prefix computed once.
+   HFPolicy with the common prefix and the prefix cache turned off (the same prefill work as
+   generate, so this isolates the decode loop), then with the common prefix computed once.
+4. The next step of 16 episodes (each prompt extended by one action and observation, what
+   search and evaluation send every turn): HFPolicy with an empty prefix cache against one
+   that still holds the previous step's prompts.
 
 Timings are wall-clock, taken once each. The load average is printed at the start and the
 end because other processes on the machine skew them. With 2 cores shared, run with
@@ -31,6 +34,7 @@ import torch
 
 from offline_agent.policy import DEFAULT_MODEL, Sampling, load_policy
 from offline_agent.policy import hf as hf_backend
+from offline_agent.policy.prefix_cache import PrefixCache
 
 TOOLS = [
     ("search", "Search the shop catalogue. Returns up to five product ids with titles and prices.",
@@ -66,16 +70,21 @@ INSTRUCTIONS = [
 ]
 
 
-def agent_prompts(tokenizer) -> list[str]:
+def agent_prompts(tokenizer, extra_steps: int = 0) -> list[str]:
+    """Half of the prompts are one step into the episode; `extra_steps` adds steps to all."""
     prompts = []
     for i, instruction in enumerate(INSTRUCTIONS):
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": instruction}]
-        if i % 2:  # half of them one step into the episode
+        for step in range(i % 2 + extra_steps):
             messages += [
                 {"role": "assistant", "content": json.dumps(
+                    {"tool": "open", "arguments": {"product_id": f"p{17 + step}"}}
+                    if step else
                     {"tool": "search", "arguments": {"query": instruction.split(" ", 1)[1]}})},
                 {"role": "user", "content": "Observation: [p17] Basic model $12.99 | [p42] "
-                                            "Premium model $24.50 | [p08] Value pack $9.99"},
+                                            "Premium model $24.50 | [p08] Value pack $9.99. "
+                                            "Options: colour (red, blue, green), size (S, M, L). "
+                                            f"Page {step + 1} of 3."},
             ]
         prompts.append(tokenizer.apply_chat_template(messages, tokenize=False,
                                                      add_generation_prompt=True))
@@ -166,11 +175,12 @@ def main():
     t_gen, rows = timed(lambda: hf_generate(policy, prompts, args.max_new_tokens))
     common_prefix = hf_backend._common_prefix
     hf_backend._common_prefix = lambda seqs: 0  # no shared prefix: every prompt prefilled in full
-    policy.clear_cache()
+    kept = policy.prefix_cache
+    policy.prefix_cache = PrefixCache(max_bytes=0)  # and nothing kept from earlier calls
     try:
         t_plain, out_plain = timed(lambda: policy.sample(prompts, 1, greedy))
     finally:
-        hf_backend._common_prefix = common_prefix
+        hf_backend._common_prefix, policy.prefix_cache = common_prefix, kept
     policy.clear_cache()
     t_cold, out_cold = timed(lambda: policy.sample(prompts, 1, greedy))
     print(f"   generate:               {t_gen:5.1f} s ({sum(map(len, rows))} tokens); "
@@ -179,6 +189,16 @@ def main():
                          ("HFPolicy, prefix once:", t_cold, out_cold)):
         same.append(ids(out) == rows)
         print(f"   {name:23s} {t:5.1f} s, speed-up {t_gen / t:.2f}x")
+
+    print("\n4. the next step of 16 episodes (greedy)")
+    following = agent_prompts(tok, extra_steps=1)
+    policy.clear_cache()
+    t_cold, out_cold = timed(lambda: policy.sample(following, 1, greedy))
+    policy.clear_cache()
+    policy.sample(prompts, 1, greedy)  # the previous step, as an episode would have sent it
+    t_warm, out_warm = timed(lambda: policy.sample(following, 1, greedy))
+    print(f"   empty prefix cache: {t_cold:5.1f} s | previous step cached: {t_warm:5.1f} s | "
+          f"speed-up {t_cold / t_warm:.2f}x | same tokens: {ids(out_cold) == ids(out_warm)}")
     print(f"\ngreedy tokens identical to generate's in {sum(same)}/{len(same)} runs")
     print(f"\nload average at end: {os.getloadavg()[0]:.1f}")
 

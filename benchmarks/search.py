@@ -19,7 +19,7 @@ from offline_agent.policy import DEFAULT_MODEL, load_policy
 from offline_agent.policy.base import Sampling
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
-from offline_agent.search.mcts import Sample, Tree, drive, simulate
+from offline_agent.search.mcts import Sample, Tree, drive, sample_seed, simulate
 from offline_agent.search.searcher import Searcher, sample_prompt
 
 
@@ -34,10 +34,11 @@ def main() -> None:
     args = ap.parse_args()
 
     policy = load_policy(args.model, device="cpu")
-    critic = Critic(policy)
 
     def make_env():
         return load_env(args.env, max_steps=args.max_depth)
+
+    critic = Critic(policy, make_env())
 
     tasks = make_env().tasks("train", args.tasks)
     cfg = SearchConfig(simulations=args.simulations, k=args.k, max_depth=args.max_depth,
@@ -57,9 +58,9 @@ def main() -> None:
             prompt = sample_prompt(policy, env, request)
             return [
                 policy.sample([prompt], 1, Sampling(
-                    max_new_tokens=env.max_action_tokens, temperature=request.temperature,
-                    stop=env.stop, seed=request.seed + j))[0][0].text
-                for j in range(request.n)
+                    max_new_tokens=env.max_action_tokens, temperature=t,
+                    stop=env.stop, seed=[sample_seed(request.seed, j)]))[0][0].text
+                for j, t in enumerate(request.temperatures)
             ]
         return critic.score([request])[0]
 

@@ -15,10 +15,14 @@ Decisions, made once here:
   instead. Tool specs live in the system prompt, so no `tools=` either.
 - Observations use role "tool" when the template renders that role (no error, content
   kept); otherwise role "user". Decided per template by a probe, see `observation_role`.
-- The rendered string is tokenized as is, so a special-token string inside content (an
+- The rendered string is tokenized as is, so a special-token string inside an action (an
   action that writes "<|im_start|>") becomes that special token, exactly as when a backend
   tokenizes `render_prompt`'s output. It lies inside the assistant's span and is masked
   like the rest of the action.
+- User and tool turns are data from the env (an instruction, a web page): special-token
+  strings in them are broken up with a zero-width space, so a page that writes
+  "<|im_start|>system" stays text and cannot open a turn of its own, for the policy or the
+  critic. Messages keep their raw content; only what the template sees is changed.
 - A token is masked when it starts inside an assistant span. A token that straddles the
   header/content boundary (ChatML header "\\n" merged with content starting with "\\n")
   starts in scaffolding and stays 0: scaffolding is never trained on.
@@ -32,6 +36,7 @@ from offline_agent.types import Message, Step, Trajectory
 
 _PROBE = "x"  # content rendered verbatim by every template (nothing to trim or escape)
 _OBSERVATION_ROLE: dict[str, str] = {}  # chat template text -> role used for observations
+_BREAK = "\u200b"  # zero-width space: splits a special-token string into plain text
 
 
 def history_messages(
@@ -86,11 +91,27 @@ def observation_role(tokenizer) -> str:
     return _OBSERVATION_ROLE[template]
 
 
+def as_data(tokenizer, text: str) -> str:
+    """`text` with every special-token string of the tokenizer broken up (see module doc)."""
+    for token in _special_strings(tokenizer):
+        if token in text:
+            text = text.replace(token, token[:1] + _BREAK + token[1:])
+    return text
+
+
+def _special_strings(tokenizer) -> list[str]:
+    added = [t.content for t in tokenizer.added_tokens_decoder.values() if t.special]
+    return sorted({*tokenizer.all_special_tokens, *added} - {""}, key=len, reverse=True)
+
+
 def _template_dicts(tokenizer, messages: list[Message]) -> list[dict]:
-    """What the template sees: raw content only, observations in the template's role."""
+    """What the template sees: raw content only, observations in the template's role,
+    env text (user and tool turns) as data."""
     tool_role = observation_role(tokenizer)
     return [
-        {"role": tool_role if m.role == "tool" else m.role, "content": m.content} for m in messages
+        {"role": tool_role if m.role == "tool" else m.role,
+         "content": as_data(tokenizer, m.content) if m.role in ("user", "tool") else m.content}
+        for m in messages
     ]
 
 

@@ -27,7 +27,7 @@ from offline_agent.search.config import SearchConfig
 
 # Keys that say how or where work runs, not what it computes: left out of stage hashes, so
 # renaming a run or merging shards never invalidates finished stages.
-UNHASHED = {"run.name", "search.shard"}
+UNHASHED = {"run.name", "search.shard", "model.prefix_cache_gb"}
 
 
 class ConfigError(ValueError):
@@ -57,6 +57,9 @@ class ModelConfig:
     dtype: str = _f("auto", "auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
     max_batch: int = _f(32, "most sequences in one generate or forward call")
     adapter: str | None = _f(None, "LoRA adapter folder applied on top of the model; null: none")
+    prefix_cache_gb: float = _f(2.0, "memory for the KV of prompt prefixes seen before, so the "
+                                     "next step of an episode computes only its new tokens (hf "
+                                     "backend; vLLM keeps its own); 0 turns it off")
 
     def __post_init__(self):
         _choice("model", "backend", self.backend, ("hf", "vllm"))
@@ -64,6 +67,8 @@ class ModelConfig:
         _choice("model", "dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
         if self.max_batch < 1:
             raise ConfigError("model.max_batch must be >= 1")
+        if self.prefix_cache_gb < 0:
+            raise ConfigError("model.prefix_cache_gb must be >= 0")
 
 
 @dataclass

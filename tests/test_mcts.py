@@ -16,6 +16,7 @@ from offline_agent.search.mcts import (
     Tree,
     action_key,
     backup,
+    child_value,
     drive,
     puct,
     rank_scores,
@@ -86,19 +87,41 @@ def test_backup_is_a_running_mean():
 
 
 def test_select_prefers_critic_for_unvisited_then_ucb():
-    cfg = SearchConfig(c=1.0)
+    cfg = SearchConfig(c=1.0, alpha=1.0)  # alpha 1: visited children by their MCTS Q alone
     root = Node(id=0, parent=None, depth=0, visits=4, children=[1, 2])
-    a = Node(id=1, parent=0, depth=1, critic_score=0.3, visits=3, value_sum=0.9)  # q 0.3
-    b = Node(id=2, parent=0, depth=1, critic_score=0.7)  # unvisited: value 0.7
+    a = Node(id=1, parent=0, depth=1, critic_score=0.1, visits=3, value_sum=0.9)  # q 0.3
+    b = Node(id=2, parent=0, depth=1, critic_score=0.9)  # unvisited: value 0.9
     tree = Tree(task=Task(id="t", env="e", instruction=""), nodes=[root, a, b])
-    # a: 0.3 + sqrt(ln4/4) = 0.889 ; b: 0.7 + sqrt(ln4/1) = 1.877
+    # a: 0.3 + sqrt(ln4/4) = 0.889 ; b: 0.9 + sqrt(ln4/1) = 2.077
     assert select_child(tree, root, cfg) is b
     b.visits, b.value_sum = 20, 0.0  # b proved worthless
     # a: 0.889 ; b: 0 + sqrt(ln4/21) = 0.257
     assert select_child(tree, root, cfg) is a
-    puct_cfg = SearchConfig(selection="puct", c=1.0)
-    # a: 0.3 + 0.3*2/4 = 0.45 ; b: 0 + 0.7*2/21 = 0.067
+    # alpha 0: the critic alone. a: 0.1 + 0.589 = 0.689 ; b: 0.9 + 0.257 = 1.157
+    assert select_child(tree, root, SearchConfig(c=1.0, alpha=0.0)) is b
+    # alpha 0.5 (eq. 10): a: 0.2 + 0.589 = 0.789 ; b: 0.45 + 0.257 = 0.707
+    assert child_value(a, 0.5, 0.5) == pytest.approx(0.2)
+    assert child_value(b, 0.5, 0.5) == pytest.approx(0.45)
+    assert select_child(tree, root, SearchConfig(c=1.0, alpha=0.5)) is a
+    puct_cfg = SearchConfig(selection="puct", c=1.0, alpha=1.0)
+    # a: 0.3 + 0.1*2/4 = 0.35 ; b: 0 + 0.9*2/21 = 0.086
     assert select_child(tree, root, puct_cfg) is a
+
+
+def test_first_proposal_is_greedy_when_asked():
+    asked = []
+
+    def record(request):
+        asked.append(request)
+        return uniform_policy(request)
+
+    run_search(SearchConfig(simulations=2, k=3, max_depth=2, expand_temperature=0.9), record)
+    expansions = [r for r in asked if isinstance(r, Sample) and r.n == 3]
+    assert expansions and all(r.temperatures == [0.0, 0.9, 0.9] for r in expansions)
+    asked.clear()
+    run_search(SearchConfig(simulations=2, k=3, max_depth=2, expand_temperature=0.9,
+                            expand_greedy=False, rollout_temperature=0.3), record)
+    assert {tuple(r.temperatures) for r in asked if isinstance(r, Sample)} == {(0.9,) * 3, (0.3,)}
 
 
 def test_helpers():

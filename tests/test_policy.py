@@ -70,6 +70,20 @@ def test_seeds(policy, prompts):
     assert run(1, max_batch=3) == first, "samples must not depend on how rows are chunked"
 
 
+def test_per_prompt_temperatures_mix_greedy_and_sampled_rows(policy, prompts):
+    """One call can serve greedy and sampled prompts: each prompt gets what a call at its
+    temperature gives it (same batch, so the logits are bit-identical)."""
+    temperatures, seeds = [0, 1.0, 0.5], [7, 8, 9]
+    mixed = policy.sample(prompts, 2, Sampling(max_new_tokens=8, temperature=temperatures,
+                                               seed=seeds))
+    for i, t in enumerate(temperatures):
+        alone = policy.sample(prompts, 2, Sampling(max_new_tokens=8, temperature=t, seed=seeds))
+        assert [c.token_ids for c in mixed[i]] == [c.token_ids for c in alone[i]]
+    assert mixed[0][0].token_ids == mixed[0][1].token_ids  # greedy rows agree
+    with pytest.raises(ValueError, match="2 temperatures for 3 prompts"):
+        policy.sample(prompts, 1, Sampling(temperature=[0, 1]))
+
+
 def test_unseeded_calls_follow_the_policy_seed(policy, prompts):
     other = HFPolicy(policy.model, policy.tokenizer, seed=0)
     fresh = HFPolicy(policy.model, policy.tokenizer, seed=0)

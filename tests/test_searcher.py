@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 
-from offline_agent.policy.base import Completion
+from offline_agent.policy.base import Completion, Sampling
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
-from offline_agent.search.mcts import Critique, Sample, Tree, drive, simulate
+from offline_agent.search.mcts import Critique, Sample, Tree, drive, sample_seed, simulate
 from offline_agent.search.searcher import Searcher, sample_prompt
 from tests.test_mcts import Corridor
 
@@ -19,7 +19,8 @@ def _h(*parts) -> int:
 
 
 class PromptHashPolicy:
-    """Answers depend only on the prompt text, so batching cannot change them."""
+    """Answers depend only on (prompt, temperature, seed), so batching cannot change them;
+    temperature 0 gives the prompt's one greedy answer."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
@@ -28,8 +29,12 @@ class PromptHashPolicy:
 
     def sample(self, prompts, n, sampling):
         self.sample_calls += 1
-        return [[Completion(ACTIONS[_h(p, j) % len(ACTIONS)], [], []) for j in range(n)]
-                for p in prompts]
+        assert n == 1
+        out = []
+        for p, t, s in zip(prompts, sampling.temperature, sampling.seed):
+            key = _h(p) if t == 0 else _h(p, t, s)
+            out.append([Completion(ACTIONS[key % len(ACTIONS)], [], [])])
+        return out
 
     def choice_logprobs(self, prompts, choices):
         self.critic_calls += 1
@@ -37,12 +42,13 @@ class PromptHashPolicy:
 
 
 def _sequential(policy, env, cfg, tree):
-    critic = Critic(policy)
+    critic = Critic(policy, env)
 
     def serve(req):
         if isinstance(req, Sample):
             prompt = sample_prompt(policy, env, req)
-            return [c.text for c in policy.sample([prompt], req.n, None)[0]]
+            return [policy.sample([prompt], 1, Sampling(temperature=[t], seed=[sample_seed(req.seed, j)]))
+                    [0][0].text for j, t in enumerate(req.temperatures)]
         assert isinstance(req, Critique)
         return critic.score([req])[0]
 
@@ -64,7 +70,7 @@ def test_batched_equals_sequential_and_commits_every_simulation(tokenizer):
     policy = PromptHashPolicy(tokenizer)
     trees = [Tree.new(t, make_env()) for t in tasks]
     committed = []
-    stats = Searcher(policy, make_env, cfg, Critic(policy)).run(
+    stats = Searcher(policy, make_env, cfg, Critic(policy, make_env())).run(
         trees, lambda batch: committed.append(batch), progress=False)
 
     reference = []

@@ -15,7 +15,9 @@ class Sampling:
     """Decoding settings for one `sample` call."""
 
     max_new_tokens: int = 48
-    temperature: float = 1.0  # 0 means greedy
+    # 0 means greedy; a list gives each prompt its own temperature, so one call can serve
+    # greedy and sampled requests together (search's proposals and rollouts)
+    temperature: float | list[float] = 1.0
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)  # cut the text at the first stop string
     # seeds this call (same seed + inputs -> same outputs on CPU); a list gives each prompt

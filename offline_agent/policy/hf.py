@@ -8,25 +8,25 @@ that generate does not, cheaply:
 - The log-prob of every sampled token under the model's raw distribution (temperature 1,
   no top-p) comes with the logits we already have. GRPO's ratio and KL need exactly these.
 - On CPU, prefilling long histories costs more than decoding a short action
-  (benchmarks/generation.py). The prompts of one batch share a long prefix (system prompt,
-  tool descriptions), and the n samples of a prompt share the whole prompt. So the common prefix
-  is computed once at batch 1 and kept for the next call, each distinct prompt once, and the
-  KV cache is then expanded to the n rows.
+  (benchmarks/generation.py). Prompts share a long prefix (system prompt, tool descriptions),
+  the n samples of a prompt share the whole prompt, and the next step of an episode extends
+  the last one. So each distinct prompt is computed once, only past the longest prefix the
+  PrefixCache holds from earlier calls, and the KV cache is then expanded to the n rows.
 
-The cache is padded in the middle: [common prefix][left pad][rest of prompt]. The attention
-mask hides the pad, and position ids count only real tokens. This is for decoder-only models
-with full attention (Llama, Qwen2, SmolLM, ...).
+The cache is padded in the middle: [left pad][cached prefix][left pad][new tokens]. The
+attention mask hides the pad, and position ids count only real tokens. This is for
+decoder-only models with full attention (Llama, Qwen2, SmolLM, ...).
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from .base import Completion, Sampling
+from .kv_buffer import new_cache
 from .models import resolve_model
+from .prefix_cache import PrefixCache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -82,6 +82,15 @@ def row_seeds(seed: int | list[int] | None, num_prompts: int, n: int,
     return [row_seed(s, j) for s in seed for j in range(n)]
 
 
+def row_temperatures(temperature: float | list[float], num_prompts: int, n: int) -> list[float]:
+    """Temperature of each row of a call: the call's, or each prompt's own."""
+    if isinstance(temperature, (int, float)):
+        return [float(temperature)] * (num_prompts * n)
+    if len(temperature) != num_prompts:
+        raise ValueError(f"{len(temperature)} temperatures for {num_prompts} prompts")
+    return [float(t) for t in temperature for _ in range(n)]
+
+
 def _common_prefix(seqs: list[list[int]]) -> int:
     n = 0
     for column in zip(*seqs):
@@ -94,7 +103,8 @@ def _common_prefix(seqs: list[list[int]]) -> int:
 class HFPolicy:
     """The Policy contract on a transformers causal LM. See the module docstring for the design."""
 
-    def __init__(self, model, tokenizer, max_batch: int = 32, seed: int = 0):
+    def __init__(self, model, tokenizer, max_batch: int = 32, seed: int = 0,
+                 prefix_cache_gb: float = 2.0):
         """`model` is used as it is: from_pretrained puts it in eval mode; a caller passing a model
         it trains (GRPO) does so itself and calls clear_cache() after each update."""
         self.model = model
@@ -106,11 +116,13 @@ class HFPolicy:
         eos = model.generation_config.eos_token_id
         self.eos = {tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         self._rng = torch.Generator().manual_seed(seed)  # seeds calls whose Sampling.seed is None
-        self._prefix: tuple[list[int], DynamicCache | None] = ([], None)
+        self.prefix_cache = PrefixCache(max_bytes=int(prefix_cache_gb * 2**30))
+        self.num_layers = model.config.get_text_config().num_hidden_layers
 
     @classmethod
     def from_pretrained(cls, model_id: str, device: str = "auto", dtype: str = "auto",
-                        adapter: str | None = None, max_batch: int = 32, seed: int = 0):
+                        adapter: str | None = None, max_batch: int = 32, seed: int = 0,
+                        prefix_cache_gb: float = 2.0):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype == "auto":
@@ -125,11 +137,12 @@ class HFPolicy:
 
             # Merged: sampling runs at the base model's speed.
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-        return cls(model, tokenizer, max_batch=max_batch, seed=seed)
+        return cls(model, tokenizer, max_batch=max_batch, seed=seed,
+                   prefix_cache_gb=prefix_cache_gb)
 
     def clear_cache(self) -> None:
         """Forget the kept prefix KV. Call this after changing the model's weights in place."""
-        self._prefix = ([], None)
+        self.prefix_cache = PrefixCache(self.prefix_cache.block_size, self.prefix_cache.max_bytes)
 
     @torch.inference_mode()
     def sample(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
@@ -138,11 +151,12 @@ class HFPolicy:
         ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         rows = [i for i in range(len(prompts)) for _ in range(n)]
         seeds = row_seeds(sampling.seed, len(prompts), n, self._rng)
+        temperatures = row_temperatures(sampling.temperature, len(prompts), n)
         out: list[Completion] = []
         for start in range(0, len(rows), self.max_batch):
             chunk = range(start, min(start + self.max_batch, len(rows)))
             out += self._generate([ids[rows[r]] for r in chunk], [seeds[r] for r in chunk],
-                                  sampling)
+                                  [temperatures[r] for r in chunk], sampling)
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def score(self, prompt: str, continuations: list[str]) -> list[float]:
@@ -181,11 +195,13 @@ class HFPolicy:
             at += len(cs)
         return out
 
-    def _generate(self, rows: list[list[int]], seeds: list[int], sampling: Sampling):
+    def _generate(self, rows: list[list[int]], seeds: list[int], temperatures: list[float],
+                  sampling: Sampling):
         """Sample one completion per row (a prompt's ids) in one batched decode loop."""
         cache, mask = self._prefill(rows)
         last = torch.tensor([r[-1] for r in rows], device=self.device)
         generators = [torch.Generator(self.device).manual_seed(s) for s in seeds]
+        temps = torch.tensor(temperatures, device=self.device)
         ids: list[list[int]] = [[] for _ in rows]
         logprobs: list[list[float]] = [[] for _ in rows]
         active = list(range(len(rows)))  # rows still generating, in batch order
@@ -194,7 +210,7 @@ class HFPolicy:
             logits = self.model(last[:, None], attention_mask=mask,
                                 position_ids=mask.sum(1, keepdim=True) - 1, cache=cache)
             logits = logits.logits[:, -1].float()
-            tokens = _pick(logits, [generators[r] for r in active], sampling)
+            tokens = _pick(logits, [generators[r] for r in active], temps, sampling.top_p)
             token_logprobs = logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0].tolist()
             keep = []
             for i, r in enumerate(active):
@@ -207,7 +223,7 @@ class HFPolicy:
             if len(keep) < len(active):  # finished rows leave the batch
                 index = torch.tensor(keep, device=self.device)
                 cache.batch_select_indices(index)
-                mask, tokens = mask[index], tokens[index]
+                mask, tokens, temps = mask[index], tokens[index], temps[index]
                 active = [active[i] for i in keep]
             last = tokens
         return [finish(self.tokenizer, i, lp, sampling.stop, bool(i) and i[-1] in self.eos)
@@ -223,57 +239,80 @@ class HFPolicy:
 
     def _prefill(self, rows: list[list[int]]) -> tuple[DynamicCache, torch.Tensor]:
         """KV cache and attention mask of each row's prompt but its last token (the caller
-        feeds that one). Each distinct prompt is computed once, their common prefix once at
-        batch 1, and the cache is then expanded to the rows. Layout: [prefix][left pad][rest]."""
+        feeds that one). Each distinct prompt is computed once, and only past the longest
+        prefix the prefix cache holds; a long prefix shared by the whole batch is computed
+        once at batch 1 first. Layout per row: [left pad][cached prefix][left pad][new]."""
         where = {p: i for i, p in enumerate(dict.fromkeys(map(tuple, rows)))}
-        distinct = list(where)
-        shared = min(_common_prefix(distinct), min(map(len, distinct)) - 1)
-        cache = self._prefix_cache(list(distinct[0][:shared]))
-        rests = [p[shared:-1] for p in distinct]
-        width = max(map(len, rests))
-        mask = torch.zeros(len(distinct), shared + width, dtype=torch.long, device=self.device)
-        mask[:, :shared] = 1
-        ids = torch.full((len(distinct), width), self.tokenizer.pad_token_id, device=self.device)
-        for i, rest in enumerate(rests):
-            mask[i, shared + width - len(rest):] = 1
-            ids[i, width - len(rest):] = torch.tensor(rest, dtype=torch.long)
-        cache.batch_repeat_interleave(len(distinct))
-        if width:
-            positions = (mask.cumsum(1) - 1).clamp(min=0)[:, shared:]
-            self.model(ids, attention_mask=mask, position_ids=positions, cache=cache,
-                       logits_to_keep=1)
+        contexts = [list(p[:-1]) for p in where]
+        shared = _common_prefix(contexts) if len(contexts) > 1 else 0
+        size = self.prefix_cache.block_size
+        cache_on = self.prefix_cache.max_bytes > 0
+        if cache_on and shared // size > len(self.prefix_cache.match(contexts[0][:shared])):
+            self._extend([contexts[0][:shared]])
+        cache, mask = self._extend(contexts)
         index = torch.tensor([where[tuple(r)] for r in rows], device=self.device)
         cache.batch_select_indices(index)
         return cache, mask[index]
 
-    def _prefix_cache(self, prefix: list[int]) -> DynamicCache:
-        """A fresh batch-1 KV cache of `prefix`. The last prefix is kept across calls. Consecutive
-        calls share the system prompt and tool descriptions, so only the new part is computed."""
-        kept, kept_cache = self._prefix
-        k = _common_prefix([kept, prefix])
-        if k:
-            cache = copy.deepcopy(kept_cache)
-            cache.crop(k - len(kept))  # drop what differs (a no-op when k == len(kept))
-        else:
-            cache = DynamicCache(config=self.model.config)
-        if len(prefix) > k:
-            self.model(torch.tensor([prefix[k:]], device=self.device), cache=cache, logits_to_keep=1)
-            self._prefix = (prefix, copy.deepcopy(cache))
-        return cache
+    def _extend(self, contexts: list[list[int]]) -> tuple[DynamicCache, torch.Tensor]:
+        """The KV cache of `contexts` in one batch, computing only what the prefix cache lacks,
+        and keeping the new whole blocks in it."""
+        matched = [self.prefix_cache.match(c) for c in contexts]
+        cached = [len(m) * self.prefix_cache.block_size for m in matched]
+        past = max(cached)
+        width = max(len(c) - m for c, m in zip(contexts, cached))
+        mask = torch.zeros(len(contexts), past + width, dtype=torch.long, device=self.device)
+        ids = torch.full((len(contexts), width), self.tokenizer.pad_token_id, device=self.device)
+        for i, (c, m) in enumerate(zip(contexts, cached)):
+            rest = c[m:]
+            mask[i, past - m:past] = 1
+            mask[i, past + width - len(rest):] = 1
+            ids[i, width - len(rest):] = torch.tensor(rest, dtype=torch.long)
+        data = None
+        if past:
+            rows = [self.prefix_cache.gather(m) if m else None for m in matched]
+            keys, values = next(r for r in rows if r is not None)
+            layers, heads, _, dim = keys.shape
+            data = []
+            for layer in range(layers):
+                k = keys.new_zeros(len(contexts), heads, past, dim)
+                v = torch.zeros_like(k)
+                for i, row in enumerate(rows):
+                    if row is not None:
+                        k[i, :, past - cached[i]:] = row[0][layer]
+                        v[i, :, past - cached[i]:] = row[1][layer]
+                data.append((k, v))
+        cache = new_cache(self.num_layers, data)
+        if width:
+            positions = (mask.cumsum(1) - 1).clamp(min=0)[:, past:]
+            self.model(ids, attention_mask=mask, position_ids=positions, cache=cache,
+                       logits_to_keep=1)
+        for i, c in enumerate(contexts):
+            if len(c) // self.prefix_cache.block_size > len(matched[i]):
+                real = mask[i].bool()
+                self.prefix_cache.store(
+                    c,
+                    torch.stack([layer.keys[i][:, real] for layer in cache.layers]),
+                    torch.stack([layer.values[i][:, real] for layer in cache.layers]))
+        return cache, mask
 
 
-def _pick(logits: torch.Tensor, generators: list[torch.Generator], sampling: Sampling):
-    """Next token per row: argmax at temperature 0, else one draw per row from its generator."""
-    if sampling.temperature == 0:
-        return logits.argmax(-1)
-    probs = (logits / sampling.temperature).softmax(-1)
-    if sampling.top_p < 1:  # keep the smallest set of tokens whose mass reaches top_p
+def _pick(logits: torch.Tensor, generators: list[torch.Generator], temperatures: torch.Tensor,
+          top_p: float) -> torch.Tensor:
+    """Next token per row: argmax where the row's temperature is 0, else one draw from the
+    row's own generator."""
+    greedy = logits.argmax(-1)
+    if not temperatures.any():
+        return greedy
+    probs = (logits / temperatures.clamp(min=1e-6)[:, None]).softmax(-1)
+    if top_p < 1:  # keep the smallest set of tokens whose mass reaches top_p
         sorted_probs, order = probs.sort(-1, descending=True)
-        sorted_probs[sorted_probs.cumsum(-1) - sorted_probs > sampling.top_p] = 0
+        sorted_probs[sorted_probs.cumsum(-1) - sorted_probs > top_p] = 0
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
     # Inverse CDF with one uniform per row from its own generator: far cheaper on CPU than
     # torch.multinomial row by row. Zero-probability tokens are never picked (right=True).
     u = torch.cat([torch.rand(1, generator=g, device=probs.device) for g in generators])
     cdf = probs.cumsum(-1)
     picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
-    return picked.clamp(max=probs.shape[-1] - 1)
+    picked = picked.clamp(max=probs.shape[-1] - 1)
+    return torch.where(temperatures > 0, picked, greedy)

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoTokenizer
 
 from .base import Completion, Sampling
-from .hf import encode_prompt, finish, row_seeds
+from .hf import encode_prompt, finish, row_seeds, row_temperatures
 from .models import resolve_model
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # values vLLM accepts for max_lora_rank
@@ -64,9 +64,10 @@ class VLLMPolicy:
         ids = [encode_prompt(self.tokenizer, p) for p in prompts]
         rows = [i for i in range(len(prompts)) for _ in range(n)]
         seeds = row_seeds(sampling.seed, len(prompts), n, self._rng)
+        temperatures = row_temperatures(sampling.temperature, len(prompts), n)
         params = [
             self._vllm.SamplingParams(
-                temperature=sampling.temperature,
+                temperature=temperatures[r],
                 top_p=sampling.top_p,
                 max_tokens=sampling.max_new_tokens,
                 stop=sampling.stop or None,

@@ -17,8 +17,11 @@ class SearchConfig:
     selection: str = _f("ucb1", "ucb1 (Agent Q eq. 7) or puct (critic score as prior)")
     max_depth: int = _f(8, "deepest node (agent steps) a tree or rollout may reach")
     expand_temperature: float = _f(1.0, "sampling temperature for the K proposals")
+    expand_greedy: bool = _f(True, "the first of the K proposals is the greedy action, so the "
+                                   "tree always holds the step greedy decoding would take")
     rollout_temperature: float = _f(0.7, "sampling temperature for rollouts to a terminal state")
-    alpha: float = _f(0.5, "critic weight in Q = alpha*Q_mcts + (1-alpha)*Q_critic (eq. 10)")
+    alpha: float = _f(0.5, "MCTS weight in the value alpha*Q_mcts + (1-alpha)*Q_critic "
+                           "(Agent Q eq. 10) that selection and mining use")
     step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")
     critic: str = _f("logprob", "logprob: one batched scoring of choice labels; none: uniform")
     trees_per_batch: int = _f(16, "trees advanced together; one generate call serves them all")
@@ -33,6 +36,8 @@ class SearchConfig:
         i, _, n = self.shard.partition("/")
         if not (i.isdigit() and n.isdigit() and int(i) < int(n)):
             raise ValueError(f"search.shard must look like i/n with 0 <= i < n, got {self.shard!r}")
+        if not 0 <= self.alpha <= 1:
+            raise ValueError(f"search.alpha must be in [0, 1], got {self.alpha}")
         for name in ("simulations", "k", "max_depth", "trees_per_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"search.{name} must be >= 1")

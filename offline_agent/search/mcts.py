@@ -89,14 +89,19 @@ class Tree:
 # ---- requests a simulation yields to its driver --------------------------------------------
 @dataclass
 class Sample:
-    """Ask the policy for `n` actions after `steps` (answer: list[str] of length n)."""
+    """Ask the policy for one action per temperature after `steps` (answer: list[str]).
+
+    Action j is drawn at temperatures[j] (0: greedy) with seed `sample_seed(seed, j)`."""
 
     task: Task
     first_observation: str
     steps: list[Step]
-    n: int
-    temperature: float
+    temperatures: list[float]
     seed: int
+
+    @property
+    def n(self) -> int:
+        return len(self.temperatures)
 
 
 @dataclass
@@ -129,11 +134,13 @@ def puct(q: float, prior: float, n_parent: int, n_child: int, c: float) -> float
     return q + c * prior * math.sqrt(n_parent) / (1 + n_child)
 
 
-def child_value(node: Node) -> float:
-    """Running-mean Q once visited; before that, the critic's opinion (0 without a critic)."""
+def child_value(node: Node, alpha: float, uniform: float) -> float:
+    """Agent Q eq. 10, alpha*Q_mcts + (1-alpha)*Q_critic, once visited; before that, the
+    critic's score alone (`uniform` without a critic), so the AI critique orders first visits."""
+    critic = uniform if node.critic_score is None else node.critic_score
     if node.visits:
-        return node.q
-    return node.critic_score or 0.0
+        return alpha * node.q + (1 - alpha) * critic
+    return critic
 
 
 def select_child(tree: Tree, node: Node, cfg: SearchConfig) -> Node:
@@ -142,10 +149,11 @@ def select_child(tree: Tree, node: Node, cfg: SearchConfig) -> Node:
     uniform = 1.0 / len(children)
 
     def score(child: Node) -> float:
+        value = child_value(child, cfg.alpha, uniform)
         if cfg.selection == "puct":
             prior = uniform if child.critic_score is None else child.critic_score
-            return puct(child_value(child), prior, node.visits, child.visits, cfg.c)
-        return ucb1(child_value(child), node.visits, child.visits, cfg.c)
+            return puct(value, prior, node.visits, child.visits, cfg.c)
+        return ucb1(value, node.visits, child.visits, cfg.c)
 
     return max(children, key=score)
 
@@ -162,6 +170,12 @@ def action_key(action: str, call: ToolCall | None) -> str:
     if call is not None:
         return json.dumps([call.name, call.arguments], sort_keys=True)
     return " ".join(action.split())
+
+
+def sample_seed(seed: int, j: int) -> int:
+    """The seed of action j of a Sample request."""
+    digest = hashlib.sha256(f"{seed}/{j}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 def seed_for(base: int, task_id: str, simulation: int, purpose: str) -> int:
@@ -197,7 +211,10 @@ def simulate(
     if not node.terminal:
         history = tree.steps(node)
         seed = seed_for(cfg.seed, task.id, sim, f"expand/{node.id}")
-        proposals = yield Sample(task, first_obs, history, cfg.k, cfg.expand_temperature, seed)
+        temperatures = [cfg.expand_temperature] * cfg.k
+        if cfg.expand_greedy:
+            temperatures[0] = 0.0
+        proposals = yield Sample(task, first_obs, history, temperatures, seed)
         seen: set[str] = set()
         for text in proposals:
             env.restore(node.snapshot)
@@ -229,7 +246,7 @@ def simulate(
     if not node.terminal:
         for depth in range(node.depth, cfg.max_depth):
             seed = seed_for(cfg.seed, task.id, sim, f"rollout/{depth}")
-            (text,) = yield Sample(task, first_obs, steps, 1, cfg.rollout_temperature, seed)
+            (text,) = yield Sample(task, first_obs, steps, [cfg.rollout_temperature], seed)
             call, result = env.act(text)
             steps.append(Step(action=text, observation=result.observation, tool_call=call,
                               reward=result.reward, done=result.done, invalid=result.invalid))

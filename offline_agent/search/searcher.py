@@ -1,9 +1,10 @@
 """Batched MCTS driver: many trees advance together so one generate call serves them all.
 
 Each active tree runs one simulation generator (offline_agent.search.mcts.simulate). At
-every tick the driver gathers the pending requests of all trees, serves the samples in
-one `policy.sample` call per (n, temperature) group and the critiques in one batched
-forward, and sends the answers back. A tree whose simulation ends starts its next one
+every tick the driver gathers the pending requests of all trees, serves every action they ask
+for (K proposals, greedy or sampled, and rollout steps alike) in one `policy.sample` call
+with per-row temperatures and seeds, the critiques in one batched forward, and sends the
+answers back. The backend computes a prompt repeated K times once. A tree whose simulation ends starts its next one
 at once (continuous batching); a finished tree hands its slot to the next task. Finished
 simulations are handed to `commit` after every tick, which is what makes a crash lose at
 most the simulations in flight.
@@ -22,7 +23,14 @@ from offline_agent.envs.base import Env
 from offline_agent.policy.base import Policy, Sampling
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
-from offline_agent.search.mcts import Critique, Sample, SimulationResult, Tree, simulate
+from offline_agent.search.mcts import (
+    Critique,
+    Sample,
+    SimulationResult,
+    Tree,
+    sample_seed,
+    simulate,
+)
 
 Commit = Callable[[list[tuple[Tree, SimulationResult]]], None]
 
@@ -107,24 +115,21 @@ class Searcher:
                     return done
 
     def _serve(self, requests: list[Sample | Critique]) -> list[list]:
-        """Answer all pending requests with one sample call per (n, temperature) and one critique."""
+        """Answer all pending requests: one sample call for every action, one critique forward."""
         answers: list[list] = [[] for _ in requests]
-        groups: dict[tuple[int, float], list[int]] = {}
-        critiques = []
-        for i, req in enumerate(requests):
-            if isinstance(req, Sample):
-                groups.setdefault((req.n, req.temperature), []).append(i)
-            else:
-                critiques.append(i)
-        for (n, temperature), idx in groups.items():
-            prompts = [sample_prompt(self.policy, self.probe, requests[i]) for i in idx]
-            sampling = Sampling(max_new_tokens=self.max_tokens, temperature=temperature,
-                                stop=self.stop, seed=[requests[i].seed for i in idx])
-            for i, completions in zip(idx, self.policy.sample(prompts, n, sampling)):
-                answers[i] = [c.text for c in completions]
+        rows = [(i, j) for i, req in enumerate(requests) if isinstance(req, Sample)
+                for j in range(req.n)]
+        if rows:
+            prompts = {i: sample_prompt(self.policy, self.probe, requests[i]) for i, _ in rows}
+            sampling = Sampling(max_new_tokens=self.max_tokens, stop=self.stop,
+                                temperature=[requests[i].temperatures[j] for i, j in rows],
+                                seed=[sample_seed(requests[i].seed, j) for i, j in rows])
+            completions = self.policy.sample([prompts[i] for i, _ in rows], 1, sampling)
+            for (i, _), (completion,) in zip(rows, completions):
+                answers[i].append(completion.text)
+        critiques = [i for i, req in enumerate(requests) if isinstance(req, Critique)]
         if critiques:
             assert self.critic is not None
             for i, scores in zip(critiques, self.critic.score([requests[i] for i in critiques])):
                 answers[i] = scores
         return answers
-

@@ -133,7 +133,7 @@ def run_search(ctx: StageContext) -> dict:
     stats: dict = {"trees": len(tasks), "trees_resumed": 0, "trees_skipped": len(tasks) - len(todo)}
     if todo:
         policy = load_policy(**vars(cfg.model), seed=cfg.run.seed)
-        critic = Critic(policy) if cfg.search.critic == "logprob" else None
+        critic = Critic(policy, make_env()) if cfg.search.critic == "logprob" else None
         writer = TreeWriter(store, ctx.stage, tree_ids, cfg.search.simulations)
         trees, fresh = [], []
         env = make_env()

@@ -1,0 +1,77 @@
+"""Tasks solved: MCTS search (at least one successful rollout) vs the greedy base policy.
+
+Both run on the same train tasks, with the embedded model, in this process. Search
+settings are SearchConfig's defaults unless overridden with --set key=value, so this is
+the number `make demo` prints on a larger sample of tasks.
+
+    .venv/bin/python benchmarks/search_vs_greedy.py --tasks 32
+    .venv/bin/python benchmarks/search_vs_greedy.py --tasks 16 --set simulations=12 k=4
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import yaml
+
+from offline_agent.envs.base import load_env
+from offline_agent.policy import DEFAULT_MODEL, load_policy
+from offline_agent.rollout import run_episodes
+from offline_agent.search.config import SearchConfig
+from offline_agent.search.critic import Critic
+from offline_agent.search.mcts import Tree
+from offline_agent.search.searcher import Searcher
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--env", default="minishop")
+    ap.add_argument("--tasks", type=int, default=32)
+    ap.add_argument("--max-steps", type=int, default=8)
+    ap.add_argument("--config", default="configs/default.yaml",
+                    help="YAML whose search section is the starting point ('' for defaults)")
+    ap.add_argument("--set", nargs="*", default=[], help="search overrides, e.g. simulations=12")
+    args = ap.parse_args()
+
+    fields = {}
+    if args.config:
+        with open(args.config) as f:
+            fields = dict(yaml.safe_load(f).get("search") or {})
+    for item in args.set:
+        key, _, value = item.partition("=")
+        fields[key] = yaml.safe_load(value)
+    fields["trees_per_batch"] = fields.get("trees_per_batch", 16)
+    cfg = SearchConfig(**fields)
+
+    policy = load_policy(args.model, device="cpu")
+
+    def make_env():
+        return load_env(args.env, max_steps=args.max_steps)
+
+    tasks = make_env().tasks("train", args.tasks)
+    start = time.perf_counter()
+    greedy = run_episodes(policy, make_env, tasks, temperature=0.0, batch_size=32)
+    greedy_solved = {t.task_id for t in greedy if t.success}
+    greedy_s = time.perf_counter() - start
+
+    solved: set[str] = set()
+    trees = [Tree.new(t, make_env()) for t in tasks]
+    critic = Critic(policy, make_env()) if cfg.critic == "logprob" else None
+    stats = Searcher(policy, make_env, cfg, critic).run(
+        trees, lambda batch: solved.update(t.task.id for t, r in batch if r.trajectory.success))
+
+    changed = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+               if f.name not in ("shard",)}
+    print(f"{args.tasks} {args.env} train tasks, model {args.model}, search {changed}")
+    print(f"greedy: solved {len(greedy_solved):3d}/{args.tasks} ({greedy_s:.0f} s)")
+    print(f"search: solved {len(solved):3d}/{args.tasks} at least once "
+          f"({stats['seconds']:.0f} s, {stats['nodes']} nodes, {stats['nodes_per_s']:.2f} nodes/s)")
+    print(f"solved by search only: {len(solved - greedy_solved)}, "
+          f"by greedy only: {len(greedy_solved - solved)}")
+
+
+if __name__ == "__main__":
+    main()
