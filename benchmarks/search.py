@@ -1,11 +1,13 @@
 """Nodes expanded per second: the batched search driver vs a sequential driver.
 
 The sequential driver is how llm-reasoners-style code runs MCTS: one generate call per
-action (K calls for K proposals, one per rollout step) and one critique call per node.
-Both run the same algorithm (offline_agent.search.mcts.simulate) on the same tasks, the
-same config and the embedded model, one after the other in this process.
+action (one per proposal, one per rollout step) and one critique call per node, each
+prefilling its whole prompt (no KV kept between calls). That is the named baseline. A
+second sequential run keeps our prefix KV cache on, which isolates what batching alone
+buys. All three run the same algorithm (offline_agent.search.mcts.simulate) on the same
+tasks, config and seed, with the embedded model, one after the other in this process.
 
-    .venv/bin/python benchmarks/search.py            # ~5 min on 2 cores
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/search.py     # ~12 min on 2 cores
     .venv/bin/python benchmarks/search.py --tasks 4 --simulations 1
 """
 
@@ -17,6 +19,7 @@ import time
 from offline_agent.envs.base import load_env
 from offline_agent.policy import DEFAULT_MODEL, load_policy
 from offline_agent.policy.base import Sampling
+from offline_agent.policy.prefix_cache import PrefixCache
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
 from offline_agent.search.mcts import Sample, Tree, drive, sample_seed, simulate
@@ -27,9 +30,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--env", default="minishop")
-    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--tasks", type=int, default=16)
     ap.add_argument("--simulations", type=int, default=2)
-    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--oversample", type=int, default=2)
     ap.add_argument("--max-depth", type=int, default=4)
     args = ap.parse_args()
 
@@ -41,15 +45,16 @@ def main() -> None:
     critic = Critic(policy, make_env())
 
     tasks = make_env().tasks("train", args.tasks)
-    cfg = SearchConfig(simulations=args.simulations, k=args.k, max_depth=args.max_depth,
-                       trees_per_batch=args.tasks)
-    print(f"{args.tasks} {args.env} tasks x {args.simulations} simulations, K={args.k}, "
+    cfg = SearchConfig(simulations=args.simulations, k=args.k, oversample=args.oversample,
+                       max_depth=args.max_depth, trees_per_batch=args.tasks)
+    print(f"{args.tasks} {args.env} tasks x {args.simulations} simulations, K={args.k} "
+          f"(of {args.k * args.oversample} samples), "
           f"max depth {args.max_depth}, model {args.model}")
 
+    policy.clear_cache()
     trees = [Tree.new(t, make_env()) for t in tasks]
-    batched = Searcher(policy, make_env, cfg, critic).run(trees, lambda _: None)
-    print(f"batched:    {batched['nodes']:4d} nodes in {batched['seconds']:6.1f} s = "
-          f"{batched['nodes_per_s']:.2f} nodes/s")
+    batched = Searcher(policy, make_env, cfg, critic).run(trees, lambda _: None)["nodes_per_s"]
+    print(f"batched driver (prefix cache on):    {batched:.2f} nodes/s")
 
     env = make_env()
 
@@ -64,16 +69,24 @@ def main() -> None:
             ]
         return critic.score([request])[0]
 
-    trees = [Tree.new(t, env) for t in tasks]
-    start = time.perf_counter()
-    for tree in trees:
-        while tree.simulations_done < cfg.simulations:
-            drive(simulate(tree, env, cfg), serve)
-    seconds = time.perf_counter() - start
-    nodes = sum(len(t.nodes) - 1 for t in trees)
-    print(f"sequential: {nodes:4d} nodes in {seconds:6.1f} s = {nodes / seconds:.2f} nodes/s")
-    print(f"ratio batched/sequential (nodes/s): {batched['nodes_per_s'] / (nodes / seconds):.2f}x")
+    def sequential() -> float:
+        trees = [Tree.new(t, env) for t in tasks]
+        start = time.perf_counter()
+        for tree in trees:
+            while tree.simulations_done < cfg.simulations:
+                drive(simulate(tree, env, cfg), serve)
+        return sum(len(t.nodes) - 1 for t in trees) / (time.perf_counter() - start)
 
+    kept = policy.prefix_cache
+    policy.prefix_cache = PrefixCache(max_bytes=0)  # nothing kept between calls
+    plain = sequential()
+    print(f"sequential, one call per action:     {plain:.2f} nodes/s")
+    policy.prefix_cache = kept
+    policy.clear_cache()
+    cached = sequential()
+    print(f"sequential, prefix cache on:         {cached:.2f} nodes/s")
+    print(f"ratio batched / sequential (named baseline): {batched / plain:.2f}x")
+    print(f"ratio batched / sequential with prefix cache (batching alone): {batched / cached:.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--env", default="minishop")
     ap.add_argument("--tasks", type=int, default=32)
     ap.add_argument("--max-steps", type=int, default=8)
+    ap.add_argument("--difficulty", type=int, default=None, help="MiniShop level (default: env's)")
     ap.add_argument("--config", default="configs/default.yaml",
                     help="YAML whose search section is the starting point ('' for defaults)")
     ap.add_argument("--set", nargs="*", default=[], help="search overrides, e.g. simulations=12")
@@ -48,8 +49,12 @@ def main() -> None:
 
     policy = load_policy(args.model, device="cpu")
 
+    env_kwargs = {"max_steps": args.max_steps}
+    if args.difficulty is not None:
+        env_kwargs["difficulty"] = args.difficulty
+
     def make_env():
-        return load_env(args.env, max_steps=args.max_steps)
+        return load_env(args.env, **env_kwargs)
 
     tasks = make_env().tasks("train", args.tasks)
     start = time.perf_counter()
@@ -65,7 +70,7 @@ def main() -> None:
 
     changed = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
                if f.name not in ("shard",)}
-    print(f"{args.tasks} {args.env} train tasks, model {args.model}, search {changed}")
+    print(f"{args.tasks} {args.env} train tasks {env_kwargs}, model {args.model}, search {changed}")
     print(f"greedy: solved {len(greedy_solved):3d}/{args.tasks} ({greedy_s:.0f} s)")
     print(f"search: solved {len(solved):3d}/{args.tasks} at least once "
           f"({stats['seconds']:.0f} s, {stats['nodes']} nodes, {stats['nodes_per_s']:.2f} nodes/s)")

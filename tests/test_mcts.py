@@ -115,13 +115,27 @@ def test_first_proposal_is_greedy_when_asked():
         asked.append(request)
         return uniform_policy(request)
 
-    run_search(SearchConfig(simulations=2, k=3, max_depth=2, expand_temperature=0.9), record)
+    run_search(SearchConfig(simulations=2, k=3, oversample=1, max_depth=2,
+                            expand_temperature=0.9), record)
     expansions = [r for r in asked if isinstance(r, Sample) and r.n == 3]
     assert expansions and all(r.temperatures == [0.0, 0.9, 0.9] for r in expansions)
     asked.clear()
-    run_search(SearchConfig(simulations=2, k=3, max_depth=2, expand_temperature=0.9,
-                            expand_greedy=False, rollout_temperature=0.3), record)
+    run_search(SearchConfig(simulations=2, k=3, oversample=1, max_depth=2,
+                            expand_temperature=0.9, expand_greedy=False, rollout_temperature=0.3),
+               record)
     assert {tuple(r.temperatures) for r in asked if isinstance(r, Sample)} == {(0.9,) * 3, (0.3,)}
+
+
+def test_children_are_the_first_k_distinct_proposals_valid_first():
+    def proposals(request):
+        if isinstance(request, Sample):
+            return ["jump", "go[right]", "go[ right ]", "fly", "go[left]", "swim"][: request.n]
+        return [1.0 / len(request.actions)] * len(request.actions)
+
+    for k, expected in ((2, ["go[right]", "go[left]"]), (3, ["go[right]", "go[left]", "jump"]),
+                        (4, ["go[right]", "go[left]", "jump"])):
+        tree = run_search(SearchConfig(simulations=1, k=k, oversample=3, max_depth=2), proposals)
+        assert [tree.nodes[i].action for i in tree.root.children] == expected
 
 
 def test_helpers():

@@ -12,7 +12,11 @@ def _f(default, help: str):
 @dataclass
 class SearchConfig:
     simulations: int = _f(8, "MCTS simulations per task (select, expand, rollout, backup)")
-    k: int = _f(4, "candidate actions the policy proposes at each expanded node")
+    k: int = _f(4, "children of an expanded node: the first k distinct proposals, valid ones "
+                   "first, at most one invalid")
+    oversample: int = _f(2, "an expansion samples k*oversample actions (the greedy one first); "
+                            "duplicates merge and invalid ones go last, so extra draws buy "
+                            "distinct valid children")
     c: float = _f(1.0, "exploration constant in UCB1 / PUCT")
     selection: str = _f("ucb1", "ucb1 (Agent Q eq. 7) or puct (critic score as prior)")
     max_depth: int = _f(8, "deepest node (agent steps) a tree or rollout may reach")
@@ -38,7 +42,7 @@ class SearchConfig:
             raise ValueError(f"search.shard must look like i/n with 0 <= i < n, got {self.shard!r}")
         if not 0 <= self.alpha <= 1:
             raise ValueError(f"search.alpha must be in [0, 1], got {self.alpha}")
-        for name in ("simulations", "k", "max_depth", "trees_per_batch"):
+        for name in ("simulations", "k", "oversample", "max_depth", "trees_per_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"search.{name} must be >= 1")
 

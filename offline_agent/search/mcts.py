@@ -207,27 +207,31 @@ def simulate(
         node = select_child(tree, node, cfg)
     new_nodes: list[int] = []
 
-    # 2. expansion: K proposals, merged when they are the same action, then critiqued
+    # 2. expansion: sample proposals; the first K distinct become children (valid ones first,
+    # at most one invalid: junk is a useful rejected example once, a waste of search after)
     if not node.terminal:
         history = tree.steps(node)
         seed = seed_for(cfg.seed, task.id, sim, f"expand/{node.id}")
-        temperatures = [cfg.expand_temperature] * cfg.k
+        temperatures = [cfg.expand_temperature] * (cfg.k * cfg.oversample)
         if cfg.expand_greedy:
             temperatures[0] = 0.0
         proposals = yield Sample(task, first_obs, history, temperatures, seed)
         seen: set[str] = set()
+        candidates = []
         for text in proposals:
             env.restore(node.snapshot)
             call, result = env.act(text)
             key = action_key(text, call)
-            if key in seen:
-                continue
-            seen.add(key)
+            if key not in seen:
+                seen.add(key)
+                candidates.append((text, call, result, env.snapshot()))
+        valid = [c for c in candidates if not c[2].invalid]
+        invalid = [c for c in candidates if c[2].invalid][:1]  # one is enough as a negative
+        for text, call, result, snapshot in (valid + invalid)[:cfg.k]:
             child = tree.add_child(
                 node, action=text, tool_call=call, observation=result.observation,
                 reward=result.reward, invalid=result.invalid, created_sim=sim,
-                terminal=result.done or node.depth + 1 >= cfg.max_depth,
-                snapshot=env.snapshot(),
+                terminal=result.done or node.depth + 1 >= cfg.max_depth, snapshot=snapshot,
             )
             new_nodes.append(child.id)
         children = [tree.nodes[i] for i in new_nodes]
