@@ -101,3 +101,18 @@ def test_roomy_layer_behaves_like_dynamic_layer():
     buffer = ours._k
     ours.update(steps[-1][:2], -steps[-1][:2])
     assert ours._k is buffer, "a step within the room writes in place"
+
+
+def test_zero_budget_keeps_nothing_and_changes_nothing(policy):
+    prompt = "An unrelated prompt that shares nothing with the others at all, long enough for blocks"
+    greedy = Sampling(max_new_tokens=6, temperature=0)
+    policy.clear_cache()
+    with_cache = policy.sample([prompt], 1, greedy)[0][0]
+    kept = policy.prefix_cache
+    policy.prefix_cache = PrefixCache(block_size=4, max_bytes=0)
+    try:
+        without = policy.sample([prompt], 1, greedy)[0][0]
+        assert len(policy.prefix_cache) == 0
+    finally:
+        policy.prefix_cache = kept
+    assert without.token_ids == with_cache.token_ids

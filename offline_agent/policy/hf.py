@@ -288,6 +288,8 @@ class HFPolicy:
             self.model(ids, attention_mask=mask, position_ids=positions, cache=cache,
                        logits_to_keep=1)
         for i, c in enumerate(contexts):
+            if not self.prefix_cache.max_bytes:
+                break
             if len(c) // self.prefix_cache.block_size > len(matched[i]):
                 real = mask[i].bool()
                 self.prefix_cache.store(
