@@ -7,8 +7,9 @@ batched searcher gathers the requests of many trees into one generate call; a
 sequential driver serves them one at a time. The algorithm is the same in both.
 
 Selection is UCB1 as in Agent Q eq. 7, `Q + c*sqrt(log N(parent) / (1 + N(child)))`, or
-PUCT with the critic's score as prior. An unvisited child's Q is its critic score (the
-AI critique orders first visits); backup keeps a running mean of returns.
+PUCT with the critic's score as prior, where a visited child's Q is eq. 10's
+`alpha*Q_mcts + (1-alpha)*critic score` and an unvisited child's is its critic score (the AI
+critique orders first visits). Backup keeps a running mean of returns (Q_mcts).
 """
 
 from __future__ import annotations
