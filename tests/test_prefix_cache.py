@@ -116,3 +116,15 @@ def test_zero_budget_keeps_nothing_and_changes_nothing(policy):
     finally:
         policy.prefix_cache = kept
     assert without.token_ids == with_cache.token_ids
+
+
+def test_adopted_buffer_is_written_in_place():
+    from offline_agent.policy.kv_buffer import new_cache
+
+    buffer = torch.zeros(2, 1, 10, 3)
+    buffer[:, :, :4] = 1.0
+    cache = new_cache(1, [(buffer, buffer.clone())], filled=4)
+    assert cache.get_seq_length() == 4
+    keys, _ = cache.layers[0].update(torch.full((2, 1, 3, 3), 2.0), torch.zeros(2, 1, 3, 3))
+    assert keys.shape[2] == 7 and cache.layers[0]._k is buffer
+    assert buffer[0, 0, :, 0].tolist() == [1, 1, 1, 1, 2, 2, 2, 0, 0, 0]

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from .base import Completion, Sampling
-from .kv_buffer import new_cache
+from .kv_buffer import HEADROOM, new_cache
 from .models import resolve_model
 from .prefix_cache import PrefixCache
 
@@ -91,6 +91,16 @@ def row_temperatures(temperature: float | list[float], num_prompts: int, n: int)
     return [float(t) for t in temperature for _ in range(n)]
 
 
+def call_rows(tokenizer, prompts: list[str], n: int, sampling: Sampling, rng: torch.Generator
+              ) -> tuple[list[list[int]], list[int], list[float]]:
+    """The rows of a sample call (prompt i, sample j -> row i*n + j), as every backend runs them:
+    each row's prompt ids, seed and temperature."""
+    ids = [encode_prompt(tokenizer, p) for p in prompts]
+    rows = [ids[i] for i in range(len(prompts)) for _ in range(n)]
+    return (rows, row_seeds(sampling.seed, len(prompts), n, rng),
+            row_temperatures(sampling.temperature, len(prompts), n))
+
+
 def _common_prefix(seqs: list[list[int]]) -> int:
     n = 0
     for column in zip(*seqs):
@@ -148,15 +158,12 @@ class HFPolicy:
     def sample(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
         """n completions per prompt. Completion.logprobs are under the raw model (temperature 1,
         no top-p), whatever the sampling settings."""
-        ids = [encode_prompt(self.tokenizer, p) for p in prompts]
-        rows = [i for i in range(len(prompts)) for _ in range(n)]
-        seeds = row_seeds(sampling.seed, len(prompts), n, self._rng)
-        temperatures = row_temperatures(sampling.temperature, len(prompts), n)
+        rows, seeds, temperatures = call_rows(self.tokenizer, prompts, n, sampling, self._rng)
         out: list[Completion] = []
         for start in range(0, len(rows), self.max_batch):
-            chunk = range(start, min(start + self.max_batch, len(rows)))
-            out += self._generate([ids[rows[r]] for r in chunk], [seeds[r] for r in chunk],
-                                  [temperatures[r] for r in chunk], sampling)
+            end = start + self.max_batch
+            out += self._generate(rows[start:end], seeds[start:end], temperatures[start:end],
+                                  sampling)
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def score(self, prompt: str, continuations: list[str]) -> list[float]:
@@ -246,8 +253,7 @@ class HFPolicy:
         contexts = [list(p[:-1]) for p in where]
         shared = _common_prefix(contexts) if len(contexts) > 1 else 0
         size = self.prefix_cache.block_size
-        cache_on = self.prefix_cache.max_bytes > 0
-        if cache_on and shared // size > len(self.prefix_cache.match(contexts[0][:shared])):
+        if self.prefix_cache.max_bytes and shared // size > len(self.prefix_cache.match(contexts[0][:shared])):
             self._extend([contexts[0][:shared]])
         cache, mask = self._extend(contexts)
         index = torch.tensor([where[tuple(r)] for r in rows], device=self.device)
@@ -268,28 +274,26 @@ class HFPolicy:
             mask[i, past - m:past] = 1
             mask[i, past + width - len(rest):] = 1
             ids[i, width - len(rest):] = torch.tensor(rest, dtype=torch.long)
-        data = None
-        if past:
+        buffers = None
+        if past:  # the cached rows, written straight into buffers with room for the new tokens
             rows = [self.prefix_cache.gather(m) if m else None for m in matched]
-            keys, values = next(r for r in rows if r is not None)
+            keys, _ = next(r for r in rows if r is not None)
             layers, heads, _, dim = keys.shape
-            data = []
+            buffers = []
             for layer in range(layers):
-                k = keys.new_zeros(len(contexts), heads, past, dim)
+                k = keys.new_zeros(len(contexts), heads, past + width + HEADROOM, dim)
                 v = torch.zeros_like(k)
                 for i, row in enumerate(rows):
                     if row is not None:
-                        k[i, :, past - cached[i]:] = row[0][layer]
-                        v[i, :, past - cached[i]:] = row[1][layer]
-                data.append((k, v))
-        cache = new_cache(self.num_layers, data)
+                        k[i, :, past - cached[i]:past] = row[0][layer]
+                        v[i, :, past - cached[i]:past] = row[1][layer]
+                buffers.append((k, v))
+        cache = new_cache(self.num_layers, buffers, filled=past)
         if width:
             positions = (mask.cumsum(1) - 1).clamp(min=0)[:, past:]
             self.model(ids, attention_mask=mask, position_ids=positions, cache=cache,
                        logits_to_keep=1)
-        for i, c in enumerate(contexts):
-            if not self.prefix_cache.max_bytes:
-                break
+        for i, c in enumerate(contexts if self.prefix_cache.max_bytes else []):
             if len(c) // self.prefix_cache.block_size > len(matched[i]):
                 real = mask[i].bool()
                 self.prefix_cache.store(

@@ -37,6 +37,12 @@ class RoomyLayer(DynamicLayer):
         self._k, self._v = k, v
         self.keys, self.values = k[:, :, :filled], v[:, :, :filled]
 
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
+        """Use `keys`/`values` as the buffer, the first `filled` positions being the cache."""
+        self.device, self.is_initialized = keys.device, True
+        self._k, self._v = keys, values
+        self.keys, self.values = keys[:, :, :filled], values[:, :, :filled]
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.device = key_states.device
@@ -61,11 +67,14 @@ class RoomyLayer(DynamicLayer):
             super().batch_select_indices(indices)
 
 
-def new_cache(num_layers: int, data: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
-    """A DynamicCache of RoomyLayers, filled with `data` ([(keys, values)] per layer) if given.
-    For models whose layers all use full attention (no sliding window)."""
+def new_cache(num_layers: int, buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+              filled: int = 0):
+    """A DynamicCache of RoomyLayers. `buffers` ([(keys, values)] per layer, each
+    [batch, kv heads, capacity, dim]) become the layers' buffers as they are, no copy: the first
+    `filled` positions hold data, the rest is room. For models whose layers all use full
+    attention (no sliding window)."""
     cache = DynamicCache()
     cache.layers = [RoomyLayer() for _ in range(num_layers)]
-    for layer, (keys, values) in zip(cache.layers, data or []):
-        layer.update(keys, values)
+    for layer, (keys, values) in zip(cache.layers, buffers or []):
+        layer.adopt(keys, values, filled)
     return cache

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoTokenizer
 
 from .base import Completion, Sampling
-from .hf import encode_prompt, finish, row_seeds, row_temperatures
+from .hf import call_rows, encode_prompt, finish
 from .models import resolve_model
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # values vLLM accepts for max_lora_rank
@@ -61,10 +61,7 @@ class VLLMPolicy:
     def sample(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
         """n completions per prompt. Completion.logprobs are under the raw model (temperature 1,
         no top-p), whatever the sampling settings."""
-        ids = [encode_prompt(self.tokenizer, p) for p in prompts]
-        rows = [i for i in range(len(prompts)) for _ in range(n)]
-        seeds = row_seeds(sampling.seed, len(prompts), n, self._rng)
-        temperatures = row_temperatures(sampling.temperature, len(prompts), n)
+        rows, seeds, temperatures = call_rows(self.tokenizer, prompts, n, sampling, self._rng)
         params = [
             self._vllm.SamplingParams(
                 temperature=temperatures[r],
@@ -78,7 +75,7 @@ class VLLMPolicy:
             for r in range(len(rows))
         ]
         outputs = self.llm.generate(
-            [self._vllm.TokensPrompt(prompt_token_ids=ids[i]) for i in rows],
+            [self._vllm.TokensPrompt(prompt_token_ids=row) for row in rows],
             params, use_tqdm=False, lora_request=self._lora,
         )
         out = []
