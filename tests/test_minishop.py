@@ -227,6 +227,30 @@ def test_pages_are_compact_and_list_their_actions():
     assert task.instruction not in obs  # pages never depend on the goal (hindsight relies on it)
 
 
+def test_available_actions_are_every_click_of_the_page_and_all_valid():
+    env = MiniShop()
+    env.reset(env.tasks("test", 1)[0])
+    assert env.available_actions() == []  # the search page takes free text
+    obs = env.step(search("cotton t-shirt")).observation
+    listed = env.available_actions()
+    assert listed == [f"click[{i}]" for i in shown_ids(obs)] + ["click[next]", "click[back]"]
+    env.step(click("next"))
+    assert {"click[next]", "click[prev]", "click[back]"} <= set(env.available_actions())
+    pid = shown_ids(env.step(click("prev")).observation)[0]
+    env.step(click(pid))
+    product = env.catalog.by_id[pid]
+    values = [f"click[{v}]" for _, vs in product.options for v in vs]
+    assert env.available_actions() == values + ["buy", "click[back]"]
+    item_page = env.snapshot()
+    for text in env.available_actions():
+        env.restore(item_page)
+        call, result = env.act(text)
+        assert call is not None and not result.invalid, (text, result.observation)
+    env.restore(item_page)
+    env.step(BUY)
+    assert env.available_actions() == []  # bought: nothing left to do
+
+
 def test_same_actions_give_same_observations_and_reward():
     env_a, env_b = MiniShop(), MiniShop()
     task = env_a.tasks("test", 3)[2]

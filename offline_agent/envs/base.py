@@ -70,6 +70,12 @@ class Env(ABC):
         every prompt shares it, so the policy's prefix cache makes it nearly free."""
         return []
 
+    def available_actions(self) -> list[str]:
+        """The concrete actions the current state offers, as action text (a page's links and
+        buttons), or [] where actions are free text. Search ranks them with the policy and
+        adds the best ones it did not sample, so a step the policy rarely writes can be tried."""
+        return []
+
     def achieved_task(self) -> Task | None:
         """A task that the current terminal state satisfies (hindsight relabeling), or None.
 

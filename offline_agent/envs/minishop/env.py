@@ -236,6 +236,18 @@ class MiniShop(Env):
         info = {"bought": product.id, "selected": selected, "reward_parts": parts}
         return StepResult(pages.bought_page(product, selected), value, True, info=info)
 
+    def available_actions(self) -> list[str]:
+        """Every click the open page allows and buy; [] on the search page (free text)."""
+        s = self.state
+        if s.page == "results":
+            moves = [m for m, ok in (("next", s.results_page < self._n_pages()),
+                                     ("prev", s.results_page > 1)) if ok]
+            return [f"click[{x}]" for x in ([p.id for p in self._shown()] + moves + ["back"])]
+        if s.page == "item":
+            product = self.catalog.by_id[s.item]
+            return [f"click[{v}]" for _, vs in product.options for v in vs] + ["buy", "click[back]"]
+        return []
+
     # ---- hindsight --------------------------------------------------------------------------
     def achieved_task(self) -> Task | None:
         """After a buy: the task whose goal is the bought product with the options chosen,
