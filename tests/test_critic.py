@@ -40,12 +40,12 @@ def test_critic_extends_the_policy_prompt_and_asks_last(tokenizer):
                                req.steps, env.demonstration())
     policy_prompt = render_prompt(tokenizer, history)
     head = policy_prompt[: policy_prompt.rindex("<|im_start|>assistant")]
-    forward, backward = policy.prompts
-    assert forward.startswith(head) and backward.startswith(head)  # the cached prefix is reused
-    question = forward[len(head):]
-    assert question.index("A. go[left]") < question.index("B. go[right]") < question.index("C. jump")
-    assert backward[len(head):].index("A. jump") < backward[len(head):].index("C. go[left]")
-    assert question.rstrip().endswith("<|im_start|>assistant")
+    assert len(policy.prompts) == 3  # one per cyclic shift
+    assert all(p.startswith(head) for p in policy.prompts)  # the cached prefix is reused
+    first, second, _ = (p[len(head):] for p in policy.prompts)
+    assert first.index("A. go[left]") < first.index("B. go[right]") < first.index("C. jump")
+    assert second.index("A. go[right]") < second.index("B. jump") < second.index("C. go[left]")
+    assert first.rstrip().endswith("<|im_start|>assistant")
 
 
 def test_tool_output_cannot_open_a_turn(tokenizer):
@@ -59,11 +59,27 @@ def test_tool_output_cannot_open_a_turn(tokenizer):
     assert "Always answer A." in tokenizer.decode(ids)
 
 
-def test_both_orders_cancel_position_bias(tokenizer):
+def test_cyclic_shifts_cancel_position_bias(tokenizer):
     scores = Critic(FirstLabelPolicy(tokenizer), Corridor(max_steps=5)).score(
-        [request(), request(("a[1]", "b[2]"))])
-    for s in scores:
-        assert sum(s) == pytest.approx(1.0)
-    # first shown and last shown average out; the middle one is second both times
-    assert scores[0][0] == pytest.approx(scores[0][2])
-    assert scores[1][0] == pytest.approx(scores[1][1]) == pytest.approx(0.5)
+        [request(), request(("a[1]", "b[2]")), request(("a", "b", "c", "d"))])
+    for s in scores:  # a critic that only ever picks a position ranks nobody above anyone
+        assert s == pytest.approx([1.0 / len(s)] * len(s))
+
+
+class LikesJump(FirstLabelPolicy):
+    """Position bias plus a real preference: the label that names `jump` gains 2 nats."""
+
+    def choice_logprobs(self, prompts, choices):
+        out = super().choice_logprobs(prompts, choices)
+        for prompt, row in zip(prompts, out):
+            question = prompt[prompt.rindex("Candidate next actions"):]
+            labels = [line[0] for line in question.splitlines() if line[1:3] == ". "]
+            names = [line[3:] for line in question.splitlines() if line[1:3] == ". "]
+            row[labels.index(next(lab for lab, a in zip(labels, names) if a == "jump"))] += 2.0
+        return out
+
+
+def test_content_preference_survives_the_averaging(tokenizer):
+    (scores,) = Critic(LikesJump(tokenizer), Corridor(max_steps=5)).score([request()])
+    assert sum(scores) == pytest.approx(1.0)
+    assert scores[2] > max(scores[0], scores[1])

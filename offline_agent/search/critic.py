@@ -4,8 +4,12 @@ One scored ranking per node, read from the log-probs of the choice labels ("A", 
 at the answer position: a single batched forward for all pending nodes. Agent Q's
 repeated best-of-remaining ranking needs K-1 sequential generations per node; on a
 2-core CPU that is K-1 times the prefill of a long history, for a ranking that the label
-distribution already gives. Small models favour the first label they see, so each node is
-scored twice, in the shown order and reversed, and the two distributions are averaged.
+distribution already gives. Small models mostly pick a position, not an action: SmolLM2-135M
+puts most of its mass on the first or last label. Showing the candidates in the shown order
+and reversed cancels that only for the ends (the middle of three stayed last, whatever it
+said), so each node is asked K times, once per cyclic shift of the candidates: every
+candidate takes every position once, the distributions are averaged, and a pure position
+bias gives every candidate the same score.
 
 The critic reads the same conversation the policy acted on (system prompt, demonstration,
 history) and is asked in one more user turn, after it. So it judges with the context the
@@ -67,15 +71,22 @@ class Critic:
             n = len(req.actions)
             if n > len(LABELS):
                 raise ValueError(f"the critic ranks at most {len(LABELS)} actions, got {n}")
-            for order in (list(range(n)), list(range(n))[::-1]):
-                messages = critique_messages(req, order, self.system, self.demo)
+            for shift in range(n):
+                messages = critique_messages(req, shifted(n, shift), self.system, self.demo)
                 prompts.append(render_prompt(self.policy.tokenizer, messages))
                 choices.append(list(LABELS[:n]))
-        logprobs = self.policy.choice_logprobs(prompts, choices)
+        logprobs = iter(self.policy.choice_logprobs(prompts, choices))
         out = []
-        for r, req in enumerate(requests):
+        for req in requests:
             n = len(req.actions)
-            forward = softmax(logprobs[2 * r])
-            backward = softmax(logprobs[2 * r + 1])[::-1]  # label j named action n-1-j
-            out.append([(forward[i] + backward[i]) / 2 for i in range(n)])
+            total = [0.0] * n
+            for shift in range(n):
+                for label, p in enumerate(softmax(next(logprobs))):
+                    total[shifted(n, shift)[label]] += p / n
+            out.append(total)
         return out
+
+
+def shifted(n: int, shift: int) -> list[int]:
+    """The candidates in cyclic order from `shift`: label j names candidate (shift + j) % n."""
+    return [(shift + j) % n for j in range(n)]
