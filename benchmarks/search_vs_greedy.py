@@ -62,18 +62,27 @@ def main() -> None:
     greedy_solved = {t.task_id for t in greedy if t.success}
     greedy_s = time.perf_counter() - start
 
-    solved: set[str] = set()
+    best = {t.id: 0.0 for t in tasks}  # best reward of any rollout, per task
+
+    def commit(batch):
+        for tree, result in batch:
+            best[tree.task.id] = max(best[tree.task.id], result.trajectory.reward)
+
     trees = [Tree.new(t, make_env()) for t in tasks]
     critic = Critic(policy, make_env()) if cfg.critic == "logprob" else None
-    stats = Searcher(policy, make_env, cfg, critic).run(
-        trees, lambda batch: solved.update(t.task.id for t, r in batch if r.trajectory.success))
+    stats = Searcher(policy, make_env, cfg, critic).run(trees, commit)
+    solved = {task for task, reward in best.items() if reward >= 1.0}
+    greedy_mean = sum(t.reward for t in greedy) / len(greedy)
+    best_mean = sum(best.values()) / len(best)
 
     changed = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
                if f.name not in ("shard",)}
     print(f"{args.tasks} {args.env} train tasks {env_kwargs}, model {args.model}, search {changed}")
-    print(f"greedy: solved {len(greedy_solved):3d}/{args.tasks} ({greedy_s:.0f} s)")
-    print(f"search: solved {len(solved):3d}/{args.tasks} at least once "
-          f"({stats['seconds']:.0f} s, {stats['nodes']} nodes, {stats['nodes_per_s']:.2f} nodes/s)")
+    print(f"greedy: solved {len(greedy_solved):3d}/{args.tasks}, mean reward {greedy_mean:.3f} "
+          f"({greedy_s:.0f} s)")
+    print(f"search: solved {len(solved):3d}/{args.tasks} at least once, mean best reward "
+          f"{best_mean:.3f} ({stats['seconds']:.0f} s, {stats['nodes']} nodes, "
+          f"{stats['nodes_per_s']:.2f} nodes/s)")
     print(f"solved by search only: {len(solved - greedy_solved)}, "
           f"by greedy only: {len(greedy_solved - solved)}")
 
