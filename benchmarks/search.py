@@ -22,8 +22,8 @@ from offline_agent.policy.base import Sampling
 from offline_agent.policy.prefix_cache import PrefixCache
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
-from offline_agent.search.mcts import Sample, Tree, drive, sample_seed, simulate
-from offline_agent.search.searcher import Searcher, sample_prompt
+from offline_agent.search.mcts import Rank, Sample, Tree, drive, sample_seed, simulate
+from offline_agent.search.searcher import Searcher, rank_available, sample_prompt
 
 
 def main() -> None:
@@ -67,6 +67,8 @@ def main() -> None:
                     stop=env.stop, seed=[sample_seed(request.seed, j)]))[0][0].text
                 for j, t in enumerate(request.temperatures)
             ]
+        if isinstance(request, Rank):
+            return rank_available(policy, env, [request])[0]
         return critic.score([request])[0]
 
     def sequential() -> float:

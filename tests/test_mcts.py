@@ -12,12 +12,14 @@ from offline_agent.search.config import SearchConfig
 from offline_agent.search.mcts import (
     Critique,
     Node,
+    Rank,
     Sample,
     Tree,
     action_key,
     backup,
     child_value,
     drive,
+    interleave,
     puct,
     rank_scores,
     seed_for,
@@ -55,6 +57,15 @@ class Corridor(Env):
             return StepResult(observation=f"at {self.state}")
         reward = {"rr": 1.0, "rl": 0.25}.get(self.state, 0.0)
         return StepResult(observation="end", reward=reward, done=True)
+
+
+class ListedCorridor(Corridor):
+    """Corridor that lists its moves, as a web page lists its links."""
+
+    name = "listed-corridor"
+
+    def available_actions(self):
+        return [] if self.state in ("rr", "rl", "lr", "ll") else ["go[left]", "go[right]"]
 
 
 def uniform_policy(request):
@@ -108,6 +119,14 @@ def test_select_prefers_critic_for_unvisited_then_ucb():
     assert select_child(tree, root, puct_cfg) is a
 
 
+def test_an_unvisited_terminal_child_is_worth_its_reward():
+    bought = Node(id=1, parent=0, depth=1, terminal=True, reward=0.75, critic_score=0.1)
+    wrong = Node(id=2, parent=0, depth=1, terminal=True, reward=0.0, critic_score=0.9)
+    assert child_value(bought, 0.5, 0.5) == 0.75 and child_value(wrong, 0.5, 0.5) == 0.0
+    bought.visits, bought.value_sum = 2, 1.5  # once visited, eq. 10 as for any child
+    assert child_value(bought, 0.5, 0.5) == pytest.approx(0.5 * 0.75 + 0.5 * 0.1)
+
+
 def test_first_proposal_is_greedy_when_asked():
     asked = []
 
@@ -138,8 +157,53 @@ def test_children_are_the_first_k_distinct_proposals_valid_first():
         assert [tree.nodes[i].action for i in tree.root.children] == expected
 
 
+def test_listed_actions_take_their_slots_in_the_policys_order():
+    def stubborn(prefer):  # proposes only junk; ranks `prefer` highest among listed moves
+        def serve(request):
+            if isinstance(request, Sample):
+                return ["jump"] * request.n
+            if isinstance(request, Rank):
+                return [[0.0 if a == prefer else -3.0 for a in request.actions]]
+            return [1.0 / len(request.actions)] * len(request.actions)
+        return serve
+
+    def children(cfg, serve):
+        env = ListedCorridor(max_steps=5)
+        tree = Tree.new(env.tasks("train", 1)[0], env)
+        drive(simulate(tree, env, cfg), serve)
+        return [tree.nodes[i].action for i in tree.root.children]
+
+    cfg = SearchConfig(simulations=1, k=2, listed=1, max_depth=2)
+    assert children(cfg, stubborn("go[right]")) == ["go[right]", "go[left]"]  # junk loses its slot
+    assert children(cfg, stubborn("go[left]")) == ["go[left]", "go[right]"]
+    assert children(SearchConfig(simulations=1, k=3, listed=1, max_depth=2),
+                    stubborn("go[left]")) == ["go[left]", "go[right]", "jump"]  # room left: one junk
+    assert children(SearchConfig(simulations=1, k=2, listed=0), stubborn("go[left]")) == ["jump"]
+
+
+def test_listed_actions_let_search_find_what_the_policy_never_samples():
+    def left_only(request):
+        if isinstance(request, Sample):
+            return ["go[left]"] * request.n
+        if isinstance(request, Rank):
+            return [[-1.0] * len(request.actions)]
+        return [1.0 / len(request.actions)] * len(request.actions)
+
+    def best_return(cfg):
+        env = ListedCorridor(max_steps=5)
+        tree = Tree.new(env.tasks("train", 1)[0], env)
+        results = [drive(simulate(tree, env, cfg), left_only) for _ in range(cfg.simulations)]
+        return max(r.reward for r in results)
+
+    assert best_return(SearchConfig(simulations=12, k=2, listed=0, max_depth=3)) == 0.0
+    assert best_return(SearchConfig(simulations=12, k=2, listed=1, max_depth=3)) == 1.0
+
+
 def test_helpers():
     assert rank_scores([0.2, 0.5, 0.3]) == [2, 0, 1]
+    assert interleave([["a", "b", "c"], ["c", "b", "a"]]) == ["a", "c", "b"]
+    assert interleave([["a", "b", "c"], ["a", "c", "b"]]) == ["a", "b", "c"]
+    assert interleave([["b", "a"], ["a", "b"]]) == ["b", "a"]
     assert action_key("search[x]", ToolCall("search", {"query": "x"})) == action_key(
         'search[ x ]', ToolCall("search", {"query": "x"}))
     assert action_key("  foo   bar ", None) == "foo bar"

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from offline_agent.policy.base import Completion, Sampling
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
-from offline_agent.search.mcts import Critique, Sample, Tree, drive, sample_seed, simulate
-from offline_agent.search.searcher import Searcher, sample_prompt
-from tests.test_mcts import Corridor
+from offline_agent.search.mcts import Critique, Rank, Sample, Tree, drive, sample_seed, simulate
+from offline_agent.search.searcher import Searcher, rank_available, sample_prompt
+from tests.test_mcts import Corridor, ListedCorridor
 
 ACTIONS = ["go[left]", "go[right]", "jump", "go[right]"]
 
@@ -49,6 +51,8 @@ def _sequential(policy, env, cfg, tree):
             prompt = sample_prompt(policy, env, req)
             return [policy.sample([prompt], 1, Sampling(temperature=[t], seed=[sample_seed(req.seed, j)]))
                     [0][0].text for j, t in enumerate(req.temperatures)]
+        if isinstance(req, Rank):
+            return rank_available(policy, env, [req])[0]
         assert isinstance(req, Critique)
         return critic.score([req])[0]
 
@@ -60,9 +64,10 @@ def _signature(tree):
     return [(n.parent, n.action, n.visits, round(n.value_sum, 9), n.critic_rank) for n in tree.nodes]
 
 
-def test_batched_equals_sequential_and_commits_every_simulation(tokenizer):
+@pytest.mark.parametrize("env_class", [Corridor, ListedCorridor])
+def test_batched_equals_sequential_and_commits_every_simulation(tokenizer, env_class):
     cfg = SearchConfig(simulations=6, k=3, max_depth=3, trees_per_batch=3)
-    make_env = lambda: Corridor(max_steps=5)
+    make_env = lambda: env_class(max_steps=5)
     tasks = [t for t in make_env().tasks("train", 5)]
     for i, t in enumerate(tasks):  # distinct instructions -> distinct prompts per tree
         t.instruction = f"reach the end, attempt {i}"
@@ -100,3 +105,24 @@ def test_resumed_trees_only_run_missing_simulations(tokenizer):
     Searcher(policy, make_env, cfg, None).run(trees, committed.append, progress=False)
     assert sum(len(b) for b in committed) == 2 * 2
     assert [t.simulations_done for t in trees] == [4, 4]
+
+
+class HabitPolicy:
+    """Writes go[left] out of habit; go[right] gains 2 nats when the task says 'right'."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def choice_logprobs(self, prompts, choices):
+        return [[-1.0 if c == "go[left]" else -5.0 + 2.0 * ("go right" in p) for c in cs]
+                for p, cs in zip(prompts, choices)]
+
+
+def test_rankings_are_habit_and_what_the_task_adds(tokenizer):
+    env = ListedCorridor(max_steps=5)
+    task = env.tasks("train", 1)[0]
+    task.instruction = "go right twice"
+    request = Rank(task, env.reset(task), [], ["go[left]", "go[right]"])
+    ((pmi, logprobs),) = rank_available(HabitPolicy(tokenizer), env, [request])
+    assert logprobs == [-1.0, -3.0]  # habit: go[left]
+    assert pmi == [0.0, 2.0]  # the task: go[right]

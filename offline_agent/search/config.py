@@ -17,6 +17,10 @@ class SearchConfig:
     oversample: int = _f(2, "an expansion samples k*oversample actions (the greedy one first); "
                             "duplicates merge and invalid ones go last, so extra draws buy "
                             "distinct valid children")
+    listed: int = _f(2, "children an expansion takes from the env's available actions "
+                        "(Env.available_actions) that no sample proposed, those the policy gives "
+                        "the highest log-prob: a step the policy rarely samples (a MiniShop "
+                        "option click) can still be searched; 0: sampled proposals only")
     c: float = _f(1.0, "exploration constant in UCB1 / PUCT")
     selection: str = _f("ucb1", "ucb1 (Agent Q eq. 7) or puct (critic score as prior)")
     max_depth: int = _f(8, "deepest node (agent steps) a tree or rollout may reach")
@@ -42,6 +46,8 @@ class SearchConfig:
             raise ValueError(f"search.shard must look like i/n with 0 <= i < n, got {self.shard!r}")
         if not 0 <= self.alpha <= 1:
             raise ValueError(f"search.alpha must be in [0, 1], got {self.alpha}")
+        if not 0 <= self.listed <= self.k:
+            raise ValueError(f"search.listed must be in [0, k={self.k}], got {self.listed}")
         for name in ("simulations", "k", "oversample", "max_depth", "trees_per_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"search.{name} must be >= 1")

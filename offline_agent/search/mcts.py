@@ -1,7 +1,8 @@
 """Agent Q's Monte Carlo tree search, as pure logic with no model or database inside.
 
 One simulation is a generator: it walks the tree, steps the env, and *yields* what it
-needs from a model (`Sample` K proposals or a rollout action, `Critique` the proposals),
+needs from a model (`Sample` K proposals or a rollout action, `Rank` the env's available
+actions, `Critique` the proposals),
 receiving the answers by `send`. A driver decides how to serve those requests: the
 batched searcher gathers the requests of many trees into one generate call; a
 sequential driver serves them one at a time. The algorithm is the same in both.
@@ -106,6 +107,18 @@ class Sample:
 
 
 @dataclass
+class Rank:
+    """Ask for rankings of `actions` as the next reply (answer: one list of scores per ranking,
+    higher is better: the task's PMI and the policy's log-prob, from
+    `searcher.rank_available`). The listed children alternate between the rankings' tops."""
+
+    task: Task
+    first_observation: str
+    steps: list[Step]
+    actions: list[str]
+
+
+@dataclass
 class Critique:
     """Ask the critic to score `actions` after `steps` (answer: list[float] in [0, 1])."""
 
@@ -137,11 +150,12 @@ def puct(q: float, prior: float, n_parent: int, n_child: int, c: float) -> float
 
 def child_value(node: Node, alpha: float, uniform: float) -> float:
     """Agent Q eq. 10, alpha*Q_mcts + (1-alpha)*Q_critic, once visited; before that, the
-    critic's score alone (`uniform` without a critic), so the AI critique orders first visits."""
+    critic's score alone (`uniform` without a critic), so the AI critique orders first visits,
+    except for a terminal child, whose reward the env gave when it was expanded."""
     critic = uniform if node.critic_score is None else node.critic_score
     if node.visits:
         return alpha * node.q + (1 - alpha) * critic
-    return critic
+    return node.reward if node.terminal else critic
 
 
 def select_child(tree: Tree, node: Node, cfg: SearchConfig) -> Node:
@@ -185,6 +199,16 @@ def seed_for(base: int, task_id: str, simulation: int, purpose: str) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+def interleave(orders: list[list[str]]) -> list[str]:
+    """The first of each order, then the second of each, ..., without repeats."""
+    out: list[str] = []
+    for row in zip(*orders):
+        for a in row:
+            if a not in out:
+                out.append(a)
+    return out
+
+
 def rank_scores(scores: list[float]) -> list[int]:
     """Rank of each score, 0 for the highest; ties keep proposal order."""
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
@@ -197,7 +221,7 @@ def rank_scores(scores: list[float]) -> list[int]:
 # ---- one simulation ------------------------------------------------------------------------
 def simulate(
     tree: Tree, env: Env, cfg: SearchConfig, use_critic: bool = True
-) -> Generator[Sample | Critique, list, SimulationResult]:
+) -> Generator[Sample | Rank | Critique, list, SimulationResult]:
     """Select, expand (K proposals + critique), roll out to a terminal state, back up."""
     sim = tree.simulations_done
     task, first_obs = tree.task, tree.root.observation
@@ -208,27 +232,39 @@ def simulate(
         node = select_child(tree, node, cfg)
     new_nodes: list[int] = []
 
-    # 2. expansion: sample proposals; the first K distinct become children (valid ones first,
-    # at most one invalid: junk is a useful rejected example once, a waste of search after)
+    # 2. expansion: the children are the first distinct valid proposals, then (cfg.listed of
+    # them) the env's available actions no sample proposed that rank highest for the task, then
+    # one invalid proposal if room is left (junk is a useful rejected example once, a waste of
+    # search after)
     if not node.terminal:
         history = tree.steps(node)
+        env.restore(node.snapshot)
+        available = env.available_actions() if cfg.listed else []
+        if available:
+            rankings = yield Rank(task, first_obs, history, available)
+            available = interleave([[available[i] for i in sorted(range(len(available)),
+                                                                   key=lambda i: -scores[i])]
+                                    for scores in rankings])
         seed = seed_for(cfg.seed, task.id, sim, f"expand/{node.id}")
         temperatures = [cfg.expand_temperature] * (cfg.k * cfg.oversample)
         if cfg.expand_greedy:
             temperatures[0] = 0.0
         proposals = yield Sample(task, first_obs, history, temperatures, seed)
         seen: set[str] = set()
-        candidates = []
-        for text in proposals:
-            env.restore(node.snapshot)
-            call, result = env.act(text)
-            key = action_key(text, call)
-            if key not in seen:
-                seen.add(key)
-                candidates.append((text, call, result, env.snapshot()))
-        valid = [c for c in candidates if not c[2].invalid]
-        invalid = [c for c in candidates if c[2].invalid][:1]  # one is enough as a negative
-        for text, call, result, snapshot in (valid + invalid)[:cfg.k]:
+        sampled, listed = [], []
+        for texts, out in ((proposals, sampled), (available, listed)):
+            for text in texts:
+                env.restore(node.snapshot)
+                call, result = env.act(text)
+                key = action_key(text, call)
+                if key not in seen:
+                    seen.add(key)
+                    out.append((text, call, result, env.snapshot()))
+        valid = [c for c in sampled if not c[2].invalid]
+        invalid = [c for c in sampled if c[2].invalid][:1]
+        m = min(cfg.listed, len(listed))
+        chosen = valid[:cfg.k - m] + listed[:m] + valid[cfg.k - m:] + listed[m:] + invalid
+        for text, call, result, snapshot in chosen[:cfg.k]:
             child = tree.add_child(
                 node, action=text, tool_call=call, observation=result.observation,
                 reward=result.reward, invalid=result.invalid, created_sim=sim,

@@ -3,8 +3,9 @@
 Each active tree runs one simulation generator (offline_agent.search.mcts.simulate). At
 every tick the driver gathers the pending requests of all trees, serves every action they ask
 for (K proposals, greedy or sampled, and rollout steps alike) in one `policy.sample` call
-with per-row temperatures and seeds, the critiques in one batched forward, and sends the
-answers back. The backend computes a prompt repeated K times once. A tree whose simulation ends starts its next one
+with per-row temperatures and seeds, the rankings of available actions (`rank_available`)
+and the critiques in one batched scoring each, and sends the answers back. The backend
+computes a prompt repeated K times once. A tree whose simulation ends starts its next one
 at once (continuous batching); a finished tree hands its slot to the next task. Finished
 simulations are handed to `commit` after every tick, which is what makes a crash lose at
 most the simulations in flight.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tqdm.auto import tqdm
 
@@ -25,6 +26,7 @@ from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
 from offline_agent.search.mcts import (
     Critique,
+    Rank,
     Sample,
     SimulationResult,
     Tree,
@@ -40,13 +42,30 @@ class _Slot:
     tree: Tree
     env: Env
     sim: Generator | None = None  # the simulation in progress
-    request: Sample | Critique | None = None  # what it waits for; None once the tree is done
+    request: Sample | Rank | Critique | None = None  # what it waits for; None once the tree is done
 
 
-def sample_prompt(policy: Policy, env: Env, request: Sample) -> str:
+def sample_prompt(policy: Policy, env: Env, request: Sample | Rank) -> str:
     messages = history_messages(env.system_prompt(), request.task.instruction,
                                 request.first_observation, request.steps, env.demonstration())
     return render_prompt(policy.tokenizer, messages)
+
+
+def rank_available(policy: Policy, env: Env, requests: list[Rank]) -> list[list[list[float]]]:
+    """Two rankings of each request's actions: [task PMI, log p(action | task, history)].
+
+    The PMI, log p(action | task, history) - log p(action | history with no instruction), ranks
+    by what the task adds (at a MiniShop product page: the option the instruction names, which
+    raw log-probs put behind the option the page lists first), as in Holtzman et al. 2021's
+    domain-conditional PMI. The log-prob ranks by what the policy would write (after an option
+    click: `buy`, which its samples there often miss). Both prompts extend ones the prefix
+    cache holds (the no-task one extends the parent node's)."""
+    blind = [replace(r, task=replace(r.task, instruction="")) for r in requests]
+    prompts = [sample_prompt(policy, env, r) for r in [*requests, *blind]]
+    logprobs = policy.choice_logprobs(prompts, [r.actions for r in requests] * 2)
+    n = len(requests)
+    return [[[a - b for a, b in zip(logprobs[i], logprobs[n + i])], logprobs[i]]
+            for i in range(n)]
 
 
 class Searcher:
@@ -114,8 +133,9 @@ class Searcher:
                 if slot.tree.simulations_done >= self.cfg.simulations:
                     return done
 
-    def _serve(self, requests: list[Sample | Critique]) -> list[list]:
-        """Answer all pending requests: one sample call for every action, one critique forward."""
+    def _serve(self, requests: list[Sample | Rank | Critique]) -> list[list]:
+        """Answer all pending requests: one sample call for every action, one scoring call for
+        the rankings, one for the critiques."""
         answers: list[list] = [[] for _ in requests]
         rows = [(i, j) for i, req in enumerate(requests) if isinstance(req, Sample)
                 for j in range(req.n)]
@@ -127,6 +147,11 @@ class Searcher:
             completions = self.policy.sample([prompts[i] for i, _ in rows], 1, sampling)
             for (i, _), (completion,) in zip(rows, completions):
                 answers[i].append(completion.text)
+        ranks = [i for i, req in enumerate(requests) if isinstance(req, Rank)]
+        if ranks:
+            rankings = rank_available(self.policy, self.probe, [requests[i] for i in ranks])
+            for i, scores in zip(ranks, rankings):
+                answers[i] = scores
         critiques = [i for i, req in enumerate(requests) if isinstance(req, Critique)]
         if critiques:
             assert self.critic is not None
