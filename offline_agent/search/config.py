@@ -18,9 +18,10 @@ class SearchConfig:
                             "duplicates merge and invalid ones go last, so extra draws buy "
                             "distinct valid children")
     listed: int = _f(2, "children an expansion takes from the env's available actions "
-                        "(Env.available_actions) that no sample proposed, those the policy gives "
-                        "the highest log-prob: a step the policy rarely samples (a MiniShop "
-                        "option click) can still be searched; 0: sampled proposals only")
+                        "(Env.available_actions) that no sample proposed, the tops of two "
+                        "rankings in turn (the task's PMI, the policy's log-prob): a step the "
+                        "policy rarely samples (a MiniShop option click) can still be searched; "
+                        "0: sampled proposals only")
     c: float = _f(1.0, "exploration constant in UCB1 / PUCT")
     selection: str = _f("ucb1", "ucb1 (Agent Q eq. 7) or puct (critic score as prior)")
     max_depth: int = _f(8, "deepest node (agent steps) a tree or rollout may reach")

@@ -233,8 +233,8 @@ def simulate(
     new_nodes: list[int] = []
 
     # 2. expansion: the children are the first distinct valid proposals, then (cfg.listed of
-    # them) the env's available actions no sample proposed that rank highest for the task, then
-    # one invalid proposal if room is left (junk is a useful rejected example once, a waste of
+    # them) the env's available actions no sample proposed, the tops of the task's PMI and the
+    # policy's log-prob in turn, then one invalid proposal if room is left (junk is a useful rejected example once, a waste of
     # search after)
     if not node.terminal:
         history = tree.steps(node)
