@@ -38,6 +38,17 @@ def test_match_store_gather_and_lru():
     assert len(small.match([1, 2, 3, 4])) == 1 and len(small.match([5, 6])) == 1
 
 
+def test_store_from_a_cached_prefix_takes_only_the_new_part():
+    cache = PrefixCache(block_size=2, max_bytes=10**9)
+    cache.store([1, 2], kv(2), kv(2))
+    cache.store([1, 2, 3, 4, 5, 6], kv(4, 2), kv(4, 2), start=2)  # keys of tokens 3..6 only
+    keys, _ = cache.gather(cache.match([1, 2, 3, 4, 5, 6]))
+    assert keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 5]
+    fresh = PrefixCache(block_size=2, max_bytes=10**9)  # the prefix was dropped meanwhile:
+    fresh.store([1, 2, 3, 4], kv(2, 2), kv(2, 2), start=2)  # its tail is unreachable, not kept
+    assert len(fresh) == 0
+
+
 @pytest.fixture(scope="module")
 def policy(tiny_model_dir, tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -295,11 +295,14 @@ class HFPolicy:
                        logits_to_keep=1)
         for i, c in enumerate(contexts if self.prefix_cache.max_bytes else []):
             if len(c) // self.prefix_cache.block_size > len(matched[i]):
-                real = mask[i].bool()
+                # copy only the tokens past the cached blocks: their columns are the last
+                # len(c) - cached[i] of the row (left pads come first)
+                new = slice(past + width - (len(c) - cached[i]), past + width)
                 self.prefix_cache.store(
                     c,
-                    torch.stack([layer.keys[i][:, real] for layer in cache.layers]),
-                    torch.stack([layer.values[i][:, real] for layer in cache.layers]))
+                    torch.stack([layer.keys[i][:, new] for layer in cache.layers]),
+                    torch.stack([layer.values[i][:, new] for layer in cache.layers]),
+                    start=cached[i])
         return cache, mask
 
 

@@ -47,17 +47,21 @@ class PrefixCache:
         values = torch.cat([self._blocks[b][1] for b in blocks], dim=2)
         return keys, values
 
-    def store(self, ids: list[int], keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Keep the whole blocks of `ids`, whose keys/values ([layers, kv heads, len(ids), dim])
-        were just computed. Blocks already kept are left as they are."""
+    def store(self, ids: list[int], keys: torch.Tensor, values: torch.Tensor,
+              start: int = 0) -> None:
+        """Keep the whole blocks of `ids`. keys/values ([layers, kv heads, len(ids) - start, dim])
+        were just computed for ids[start:]; `start` is a multiple of block_size whose blocks are
+        kept already, so a caller copies only the new part. Kept blocks are left as they are."""
         parent, size = 0, self.block_size
-        for start in range(0, len(ids) - size + 1, size):
-            key = (parent, tuple(ids[start:start + size]))
+        for begin in range(0, len(ids) - size + 1, size):
+            key = (parent, tuple(ids[begin:begin + size]))
             block = self._ids.get(key)
             if block is None:
+                if begin < start:  # dropped since it was matched: nothing after it is reachable
+                    break
                 block, self._next = self._next, self._next + 1
-                k = keys[:, :, start:start + size].clone()
-                v = values[:, :, start:start + size].clone()
+                k = keys[:, :, begin - start:begin - start + size].clone()
+                v = values[:, :, begin - start:begin - start + size].clone()
                 self._ids[key] = block
                 self._blocks[block] = (k, v, key)
                 self.bytes += k.nbytes + v.nbytes
