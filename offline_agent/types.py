@@ -59,6 +59,9 @@ class Step:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+SUCCESS = 1.0  # the reward of a solved task
+
+
 @dataclass
 class Trajectory:
     """A full episode: the prompt the agent saw (system + instruction) and its steps."""
@@ -73,7 +76,7 @@ class Trajectory:
 
     @property
     def success(self) -> bool:
-        return self.reward >= 1.0
+        return self.reward >= SUCCESS
 
     @property
     def done(self) -> bool:

@@ -101,5 +101,12 @@ V1 = [
         stage VARCHAR NOT NULL)""",
 ]
 
-MIGRATIONS: list[list[str]] = [V1]
+# search: an unvisited child's value can be the best ending one listed step away
+# (SearchConfig.finish); `prior` was never written (PUCT reads critic_score)
+V2 = [
+    "ALTER TABLE nodes ADD COLUMN ending DOUBLE",
+    "ALTER TABLE nodes DROP COLUMN prior",
+]
+
+MIGRATIONS: list[list[str]] = [V1, V2]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -125,6 +125,11 @@ def test_an_unvisited_terminal_child_is_worth_its_reward():
     assert child_value(bought, 0.5, 0.5) == 0.75 and child_value(wrong, 0.5, 0.5) == 0.0
     bought.visits, bought.value_sum = 2, 1.5  # once visited, eq. 10 as for any child
     assert child_value(bought, 0.5, 0.5) == pytest.approx(0.5 * 0.75 + 0.5 * 0.1)
+    # a child one listed step from an ending is worth at least that ending until visited
+    opened = Node(id=3, parent=0, depth=1, ending=0.9, critic_score=0.2)
+    assert child_value(opened, 0.5, 0.5) == 0.9
+    opened.ending = None
+    assert child_value(opened, 0.5, 0.5) == 0.2
 
 
 def test_first_proposal_is_greedy_when_asked():
@@ -173,12 +178,16 @@ def test_listed_actions_take_their_slots_in_the_policys_order():
         drive(simulate(tree, env, cfg), serve)
         return [tree.nodes[i].action for i in tree.root.children]
 
-    cfg = SearchConfig(simulations=1, k=2, listed=1, max_depth=2)
+    cfg = SearchConfig(simulations=1, k=2, listed=1, max_depth=2, finish=False)
     assert children(cfg, stubborn("go[right]")) == ["go[right]", "go[left]"]  # junk loses its slot
     assert children(cfg, stubborn("go[left]")) == ["go[left]", "go[right]"]
-    assert children(SearchConfig(simulations=1, k=3, listed=1, max_depth=2),
+    assert children(SearchConfig(simulations=1, k=3, listed=1, max_depth=2, finish=False),
                     stubborn("go[left]")) == ["go[left]", "go[right]", "jump"]  # room left: one junk
     assert children(SearchConfig(simulations=1, k=2, listed=0), stubborn("go[left]")) == ["jump"]
+    # finish: a listed action with a better ending one step away goes first, whatever the model
+    # says (go[right] can end with rr = 1; go[left] only with 0)
+    assert children(SearchConfig(simulations=1, k=2, listed=1, max_depth=2),
+                    stubborn("go[left]")) == ["go[right]", "go[left]"]
 
 
 def test_listed_actions_let_search_find_what_the_policy_never_samples():
@@ -264,3 +273,51 @@ def test_step_cost_and_max_depth():
     tree = run_search(cfg)
     assert all(tree.nodes[i].terminal for i in tree.root.children)  # depth 1 is the limit
     assert tree.root.value_sum == pytest.approx(-0.1 * 6)  # never reaches a reward at depth 1
+
+
+class StopCorridor(Corridor):
+    """Walk, then `stop` to be scored: stopping after rr... pays 1, after r 0.25, else 0."""
+
+    name = "stop-corridor"
+    tools = Corridor.tools + [{"type": "function", "function": {
+        "name": "stop", "parameters": {"type": "object", "properties": {}, "required": []}}}]
+
+    def _execute(self, call: ToolCall) -> StepResult:
+        if call.name == "stop":
+            reward = 1.0 if self.state.startswith("rr") else 0.25 if self.state == "r" else 0.0
+            self.state += "!"
+            return StepResult(observation="stopped", reward=reward, done=True)
+        self.state += call.arguments["direction"][0]
+        return StepResult(observation=f"at {self.state}")
+
+    def available_actions(self):
+        return ["go[left]", "go[right]", "stop"]
+
+
+def test_rollouts_finish_where_the_env_offers_an_ending_the_policy_never_writes():
+    rollout_steps = []
+
+    def walker(request):  # only ever walks right: never ends an episode itself
+        if isinstance(request, Sample):
+            rollout_steps.append(request.n == 1)
+            return ["go[right]"] * request.n
+        return [[0.0] * len(request.actions)] * 2
+
+    def first_simulation(finish):
+        env = StopCorridor(max_steps=10)
+        tree = Tree.new(env.tasks("train", 1)[0], env)
+        return tree, drive(simulate(tree, env, SearchConfig(k=1, listed=0, max_depth=4,
+                                                            finish=finish)), walker)
+
+    tree, plain = first_simulation(finish=False)
+    assert plain.reward == 0.0  # walked to max depth, never scored
+    assert [s.action for s in plain.trajectory.steps] == ["go[right]"] * 4
+    assert sum(rollout_steps) == 3
+    rollout_steps.clear()
+    tree, result = first_simulation(finish=True)
+    assert sum(rollout_steps) == 1  # at rr the rollout stops: stopping there is a success
+    # stop pays 1 after rr and after rrr: the earliest such ending is the trajectory
+    assert result.reward == result.trajectory.reward == 1.0
+    assert [s.action for s in result.trajectory.steps] == ["go[right]", "go[right]", "stop"]
+    assert result.trajectory.steps[-1].done and result.trajectory.success
+    assert tree.root.q == 1.0 and len(tree.nodes) == 2  # the tree itself holds only go[right]

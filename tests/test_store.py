@@ -10,6 +10,7 @@ import duckdb
 import pytest
 
 from offline_agent.types import Task
+from storage.schema import MIGRATIONS
 from storage import (
     SCHEMA_VERSION,
     MergeConflict,
@@ -72,6 +73,24 @@ def test_newer_schema_is_refused(tmp_path):
     con.close()
     with pytest.raises(StoreError, match="schema version 99, newer"):
         Store(path)
+
+
+def test_an_older_store_is_migrated_and_keeps_its_rows(tmp_path):
+    path = tmp_path / "s.duckdb"
+    con = duckdb.connect(str(path))  # a store as schema version 1 wrote it
+    for sql in MIGRATIONS[0]:
+        con.execute(sql)
+    con.execute("INSERT INTO meta VALUES ('schema_version', '1'), ('run_id', 'r1')")
+    con.execute("INSERT INTO nodes (node_id, tree_id, depth, action, visits, value_sum, prior) "
+                "VALUES (7, 0, 1, 'buy', 3, 1.5, 0.2)")
+    con.close()
+    with pytest.raises(StoreError, match="needs migrating"):
+        Store(path, read_only=True)
+    with Store(path) as s:
+        assert s.schema_version == SCHEMA_VERSION and s.run_id == "r1"
+        (node,) = s.load_tree(0)
+    assert (node["node_id"], node["action"], node["visits"], node["value_sum"]) == (7, "buy", 3, 1.5)
+    assert node["ending"] is None and "prior" not in node
 
 
 def test_read_only_needs_existing_file(tmp_path):

@@ -31,6 +31,10 @@ class SearchConfig:
     rollout_temperature: float = _f(0.7, "sampling temperature for rollouts to a terminal state")
     alpha: float = _f(0.5, "MCTS weight in the value alpha*Q_mcts + (1-alpha)*Q_critic "
                            "(Agent Q eq. 10) that selection and mining use")
+    finish: bool = _f(True, "rollouts also try, at every state they pass, the env's listed "
+                            "actions that end the episode (env steps, no model call) and "
+                            "return the best ending: a policy that reaches the right state but "
+                            "does not end there still scores it")
     step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")
     critic: str = _f("logprob", "logprob: one batched scoring of choice labels; none: uniform")
     trees_per_batch: int = _f(16, "trees advanced together; one generate call serves them all")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from offline_agent.envs.base import Env
 from offline_agent.search.config import SearchConfig
-from offline_agent.types import Step, Task, ToolCall, Trajectory
+from offline_agent.types import SUCCESS, Step, Task, ToolCall, Trajectory
 
 
 @dataclass
@@ -41,6 +41,7 @@ class Node:
     value_sum: float = 0.0
     critic_rank: int | None = None  # 0 = the critic's favourite among its siblings
     critic_score: float | None = None  # in [0, 1]; siblings' scores sum to 1
+    ending: float | None = None  # best reward of a listed action that ends the episode here
     snapshot: bytes = b""  # env state after this step, so search branches without replay
     created_sim: int = 0
     children: list[int] = field(default_factory=list)
@@ -155,7 +156,9 @@ def child_value(node: Node, alpha: float, uniform: float) -> float:
     critic = uniform if node.critic_score is None else node.critic_score
     if node.visits:
         return alpha * node.q + (1 - alpha) * critic
-    return node.reward if node.terminal else critic
+    if node.terminal:
+        return node.reward
+    return critic if node.ending is None else node.ending
 
 
 def select_child(tree: Tree, node: Node, cfg: SearchConfig) -> Node:
@@ -197,6 +200,27 @@ def seed_for(base: int, task_id: str, simulation: int, purpose: str) -> int:
     """A stable seed per (task, simulation, request): a resumed tree samples what it would have."""
     digest = hashlib.sha256(f"{base}/{task_id}/{simulation}/{purpose}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
+
+
+def finishing_steps(env: Env) -> list[tuple[Step, bytes]]:
+    """The env's listed actions that end the episode here, each with its step and end state.
+
+    Tried on a snapshot and undone: env steps, no model call. A small policy often reaches
+    the right state and then fails to end it (SmolLM2-135M seldom writes `buy` after the
+    right MiniShop option click), so the rollout checks the ending the page offers."""
+    here, out = env.snapshot(), []
+    for text in env.available_actions():
+        call, result = env.act(text)
+        if result.done and not result.info.get("truncated"):
+            out.append((Step(action=text, observation=result.observation, tool_call=call,
+                             reward=result.reward, done=True), env.snapshot()))
+        env.restore(here)
+    return out
+
+
+def best_ending(env: Env) -> float | None:
+    """The best reward of ending the episode with one listed action from here, if any."""
+    return max((step.reward for step, _ in finishing_steps(env)), default=None)
 
 
 def interleave(orders: list[list[str]]) -> list[str]:
@@ -259,15 +283,20 @@ def simulate(
                 key = action_key(text, call)
                 if key not in seen:
                     seen.add(key)
-                    out.append((text, call, result, env.snapshot()))
+                    snapshot = env.snapshot()
+                    ending = None if result.done or not cfg.finish else best_ending(env)
+                    out.append((text, call, result, snapshot, ending))
+        if cfg.finish:  # listed actions that end well (or lead to a good ending) come first
+            listed.sort(key=lambda c: -(c[2].reward if c[2].done else
+                                        -1.0 if c[4] is None else c[4]))
         valid = [c for c in sampled if not c[2].invalid]
         invalid = [c for c in sampled if c[2].invalid][:1]
         m = min(cfg.listed, len(listed))
         chosen = valid[:cfg.k - m] + listed[:m] + valid[cfg.k - m:] + listed[m:] + invalid
-        for text, call, result, snapshot in chosen[:cfg.k]:
+        for text, call, result, snapshot, ending in chosen[:cfg.k]:
             child = tree.add_child(
                 node, action=text, tool_call=call, observation=result.observation,
-                reward=result.reward, invalid=result.invalid, created_sim=sim,
+                reward=result.reward, invalid=result.invalid, created_sim=sim, ending=ending,
                 terminal=result.done or node.depth + 1 >= cfg.max_depth, snapshot=snapshot,
             )
             new_nodes.append(child.id)
@@ -280,20 +309,31 @@ def simulate(
             child.critic_score, child.critic_rank = float(score), rank
         node = select_child(tree, node, cfg)
 
-    # 3. rollout with the policy from the chosen node to a terminal state or max depth
+    # 3. rollout with the policy from the chosen node to a terminal state or max depth; with
+    # cfg.finish, every state it passes also tries the env's listed actions that end the
+    # episode, and the simulation returns the best of those endings and its own
     steps = tree.steps(node)
-    reward = node.reward if node.terminal else 0.0
     env.restore(node.snapshot)
-    if not node.terminal:
+    endings: list[tuple[float, list[Step], bytes]] = []  # (reward, steps, final env state)
+    if node.terminal:
+        endings.append((node.reward, steps, node.snapshot))
+    else:
         for depth in range(node.depth, cfg.max_depth):
+            if cfg.finish:
+                endings += [(s.reward, [*steps, s], snap) for s, snap in finishing_steps(env)]
+                if any(e[0] >= SUCCESS for e in endings):
+                    break  # nothing later does better
             seed = seed_for(cfg.seed, task.id, sim, f"rollout/{depth}")
             (text,) = yield Sample(task, first_obs, steps, [cfg.rollout_temperature], seed)
             call, result = env.act(text)
             steps.append(Step(action=text, observation=result.observation, tool_call=call,
                               reward=result.reward, done=result.done, invalid=result.invalid))
             if result.done:
-                reward = result.reward
                 break
+        endings.append((steps[-1].reward if steps[-1].done else 0.0, steps, env.snapshot()))
+    # the best return; ties go to the earliest (shortest) ending
+    reward, steps, final = max(endings, key=lambda e: e[0] - cfg.step_cost * len(e[1]))
+    env.restore(final)
     achieved = env.describe_achieved()
 
     # 4. backup

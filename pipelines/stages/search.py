@@ -30,6 +30,7 @@ def node_row(tree_id: int, node: Node) -> dict:
         "value_sum": node.value_sum,
         "critic_rank": node.critic_rank,
         "critic_score": node.critic_score,
+        "ending": node.ending,
         "reward": node.reward,
         "terminal": node.terminal,
         "invalid": node.invalid,
@@ -52,7 +53,7 @@ def tree_from_rows(task: Task, rows: list[dict], simulations_done: int) -> Tree:
             observation=r["observation"] or "", reward=r["reward"] or 0.0,
             terminal=r["terminal"], invalid=r["invalid"], visits=r["visits"],
             value_sum=r["value_sum"], critic_rank=r["critic_rank"],
-            critic_score=r["critic_score"], snapshot=r["env_snapshot"] or b"",
+            critic_score=r["critic_score"], ending=r["ending"], snapshot=r["env_snapshot"] or b"",
             created_sim=r["created_sim"] or 0,
         ))
         if parent is not None:
