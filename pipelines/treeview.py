@@ -2,7 +2,7 @@
 
 Input is the node rows of one tree as the store returns them (dicts with node_id,
 parent_id, depth, action, observation, visits, value_sum, critic_rank, critic_score,
-reward, terminal, invalid). The HTML page needs no network: the layout is computed here
+ending, reward, terminal, invalid). The HTML page needs no network: the layout is computed here
 and drawn as inline SVG; clicking a node shows its action and observation.
 """
 
@@ -27,6 +27,7 @@ def to_graph(nodes: list[dict]) -> nx.DiGraph:
             "q": float(n["value_sum"] or 0.0) / visits if visits else 0.0,
             "critic_rank": -1 if n["critic_rank"] is None else int(n["critic_rank"]),
             "critic_score": -1.0 if n["critic_score"] is None else float(n["critic_score"]),
+            "ending": -1.0 if n["ending"] is None else float(n["ending"]),
             "reward": float(n["reward"] or 0.0),
             "terminal": bool(n["terminal"]),
             "invalid": bool(n["invalid"]),
@@ -119,6 +120,7 @@ document.querySelectorAll('circle').forEach(c => c.addEventListener('click', () 
   document.getElementById('info').innerHTML =
     `<b>node ${{esc(c.dataset.id)}}</b> depth ${{d.depth}} · visits ${{d.visits}} · Q ${{d.q.toFixed(3)}}` +
     ` · critic rank ${{d.critic_rank}} score ${{d.critic_score.toFixed(3)}} · reward ${{d.reward}}` +
+    (d.ending >= 0 ? ` · best ending one step on ${{d.ending}}` : '') +
     (d.terminal ? ' · terminal' : '') + (d.invalid ? ' · invalid' : '') +
     `<h4>Action</h4><pre>${{esc(d.action)}}</pre><h4>Observation</h4><pre>${{esc(d.observation)}}</pre>`;
 }}));

@@ -189,5 +189,6 @@ def test_tree_view_html_and_graphml(tmp_path, config, capsys):
     assert g.number_of_nodes() == n_nodes and g.number_of_edges() == n_nodes - 1
     root = next(n for n in g if g.in_degree(n) == 0)
     assert g.nodes[root]["visits"] == 2  # the config's simulations
+    assert all(-1.0 <= g.nodes[n]["ending"] <= 1.0 for n in g)  # -1: no ending one step on
     assert main(["tree", str(run_dir), "--task", "nope"]) == 2
     assert "no search tree for task 'nope'" in capsys.readouterr().err

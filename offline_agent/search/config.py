@@ -18,10 +18,11 @@ class SearchConfig:
                             "duplicates merge and invalid ones go last, so extra draws buy "
                             "distinct valid children")
     listed: int = _f(2, "children an expansion takes from the env's available actions "
-                        "(Env.available_actions) that no sample proposed, the tops of two "
-                        "rankings in turn (the task's PMI, the policy's log-prob): a step the "
-                        "policy rarely samples (a MiniShop option click) can still be searched; "
-                        "0: sampled proposals only")
+                        "(Env.available_actions) that no sample proposed: with finish, those "
+                        "with the best ending one step on first, else (and on ties) the tops "
+                        "of two rankings in turn (the task's PMI, the policy's log-prob); a "
+                        "step the policy rarely samples (a MiniShop option click) can still be "
+                        "searched; 0: sampled proposals only")
     c: float = _f(1.0, "exploration constant in UCB1 / PUCT")
     selection: str = _f("ucb1", "ucb1 (Agent Q eq. 7) or puct (critic score as prior)")
     max_depth: int = _f(8, "deepest node (agent steps) a tree or rollout may reach")
@@ -31,10 +32,12 @@ class SearchConfig:
     rollout_temperature: float = _f(0.7, "sampling temperature for rollouts to a terminal state")
     alpha: float = _f(0.5, "MCTS weight in the value alpha*Q_mcts + (1-alpha)*Q_critic "
                            "(Agent Q eq. 10) that selection and mining use")
-    finish: bool = _f(True, "rollouts also try, at every state they pass, the env's listed "
-                            "actions that end the episode (env steps, no model call) and "
-                            "return the best ending: a policy that reaches the right state but "
-                            "does not end there still scores it")
+    finish: bool = _f(True, "try the env's listed actions that end the episode (MiniShop's "
+                            "buy) on a snapshot, env steps with no model call: a rollout "
+                            "returns the best ending it passed (a policy that reaches the "
+                            "right state but does not end there still scores it), and a new "
+                            "child is worth its best ending one step on until visited; off "
+                            "where ending is costly or cannot be undone")
     step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")
     critic: str = _f("logprob", "logprob: one batched scoring of choice labels; none: uniform")
     trees_per_batch: int = _f(16, "trees advanced together; one generate call serves them all")

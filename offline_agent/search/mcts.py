@@ -10,7 +10,14 @@ sequential driver serves them one at a time. The algorithm is the same in both.
 Selection is UCB1 as in Agent Q eq. 7, `Q + c*sqrt(log N(parent) / (1 + N(child)))`, or
 PUCT with the critic's score as prior, where a visited child's Q is eq. 10's
 `alpha*Q_mcts + (1-alpha)*critic score` and an unvisited child's is its critic score (the AI
-critique orders first visits). Backup keeps a running mean of returns (Q_mcts).
+critique orders first visits), or what the env already knows of it: a terminal child's
+reward, or the best ending one listed step on (`cfg.finish`). Backup keeps a running mean of
+returns (Q_mcts).
+
+Where the env lists its actions, search also spends env steps, which cost microseconds in a
+simulator with snapshots, to save model calls, which cost seconds on a CPU: the endings a
+state offers are tried on a snapshot (`finishing_steps`), so a rollout that passes the right
+state scores it even if the policy walks on, and the listed children that end well come first.
 """
 
 from __future__ import annotations
@@ -257,9 +264,10 @@ def simulate(
     new_nodes: list[int] = []
 
     # 2. expansion: the children are the first distinct valid proposals, then (cfg.listed of
-    # them) the env's available actions no sample proposed, the tops of the task's PMI and the
-    # policy's log-prob in turn, then one invalid proposal if room is left (junk is a useful rejected example once, a waste of
-    # search after)
+    # them) the env's available actions no sample proposed, those with the best ending one
+    # step on first (cfg.finish), else the tops of the task's PMI and the policy's log-prob in
+    # turn, then one invalid proposal if room is left (junk is a useful rejected example once,
+    # a waste of search after)
     if not node.terminal:
         history = tree.steps(node)
         env.restore(node.snapshot)
