@@ -284,6 +284,7 @@ def simulate(
         proposals = yield Sample(task, first_obs, history, temperatures, seed)
         seen: set[str] = set()
         sampled, listed = [], []
+        last = node.depth + 1 >= cfg.max_depth  # children at max depth end there
         for texts, out in ((proposals, sampled), (available, listed)):
             for text in texts:
                 env.restore(node.snapshot)
@@ -292,7 +293,7 @@ def simulate(
                 if key not in seen:
                     seen.add(key)
                     snapshot = env.snapshot()
-                    ending = None if result.done or not cfg.finish else best_ending(env)
+                    ending = None if result.done or last or not cfg.finish else best_ending(env)
                     out.append((text, call, result, snapshot, ending))
         if cfg.finish:  # listed actions that end well (or lead to a good ending) come first
             listed.sort(key=lambda c: -(c[2].reward if c[2].done else
@@ -305,7 +306,7 @@ def simulate(
             child = tree.add_child(
                 node, action=text, tool_call=call, observation=result.observation,
                 reward=result.reward, invalid=result.invalid, created_sim=sim, ending=ending,
-                terminal=result.done or node.depth + 1 >= cfg.max_depth, snapshot=snapshot,
+                terminal=result.done or last, snapshot=snapshot,
             )
             new_nodes.append(child.id)
         children = [tree.nodes[i] for i in new_nodes]
