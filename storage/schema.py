@@ -108,5 +108,40 @@ V2 = [
     "ALTER TABLE nodes DROP COLUMN prior",
 ]
 
-MIGRATIONS: list[list[str]] = [V1, V2]
+# mining, training, evaluation: pair provenance, SFT examples (RFT and hindsight), training
+# metrics per step, evaluation episodes per policy
+V3 = [
+    "ALTER TABLE pairs ADD COLUMN env VARCHAR",
+    "ALTER TABLE pairs ADD COLUMN chosen_ref BIGINT",    # node id (step) / traj id (trajectory)
+    "ALTER TABLE pairs ADD COLUMN rejected_ref BIGINT",
+    "ALTER TABLE pairs ADD COLUMN info JSON",            # anything else of its provenance
+    """CREATE TABLE examples (
+        example_id BIGINT PRIMARY KEY,
+        task_id VARCHAR NOT NULL,            -- the task the messages solve (relabeled for hindsight)
+        env VARCHAR NOT NULL,
+        kind VARCHAR NOT NULL,               -- rft | hindsight
+        instruction VARCHAR NOT NULL,
+        messages JSON NOT NULL,              -- the whole conversation, chat dicts
+        source_traj BIGINT,                  -- trajectories.traj_id it was made from
+        reward DOUBLE,
+        info JSON,
+        stage VARCHAR NOT NULL)""",
+    """CREATE TABLE metrics (
+        stage VARCHAR NOT NULL,
+        series VARCHAR NOT NULL,             -- e.g. the trained policy's name
+        step INTEGER NOT NULL,
+        data JSON NOT NULL,                  -- {"loss": ..., "margin": ..., ...}
+        PRIMARY KEY (stage, series, step))""",
+    """CREATE TABLE eval_episodes (
+        policy VARCHAR NOT NULL,             -- base | a trained policy's name
+        mode VARCHAR NOT NULL,               -- greedy | mcts
+        task_id VARCHAR NOT NULL,
+        steps JSON NOT NULL,
+        reward DOUBLE NOT NULL,
+        success BOOLEAN NOT NULL,
+        stage VARCHAR NOT NULL,
+        PRIMARY KEY (policy, mode, task_id))""",
+]
+
+MIGRATIONS: list[list[str]] = [V1, V2, V3]
 SCHEMA_VERSION = len(MIGRATIONS)
