@@ -27,7 +27,8 @@ from offline_agent.search.config import SearchConfig
 
 # Keys that say how or where work runs, not what it computes: left out of stage hashes, so
 # renaming a run or merging shards never invalidates finished stages.
-UNHASHED = {"run.name", "search.shard", "model.prefix_cache_gb"}
+# run.iterations says how many rounds to run; a round's results do not depend on it.
+UNHASHED = {"run.name", "run.iterations", "search.shard", "model.prefix_cache_gb"}
 
 
 class ConfigError(ValueError):
@@ -47,6 +48,12 @@ def _choice(section: str, name: str, value: str, allowed: tuple[str, ...]) -> No
 class RunSection:
     name: str = _f("offline-agent", "label; the default run directory is runs/<name>-<timestamp>")
     seed: int = _f(0, "seed of task generation (the env's seed)")
+    iterations: int = _f(1, "rounds of search -> mine -> train; round k+1 searches with the "
+                            "policy trained in round k")
+
+    def __post_init__(self):
+        if self.iterations < 1:
+            raise ConfigError("run.iterations must be >= 1")
 
 
 @dataclass
@@ -60,11 +67,14 @@ class ModelConfig:
     prefix_cache_gb: float = _f(2.0, "memory for the KV of prompt prefixes seen before, so the "
                                      "next step of an episode computes only its new tokens (hf "
                                      "backend; vLLM keeps its own); 0 turns it off")
+    constrain: str = _f("none", "none: free text; tools: every policy reply is decoded under a "
+                                "grammar of one tool call valid for the env's tool schemas")
 
     def __post_init__(self):
         _choice("model", "backend", self.backend, ("hf", "vllm"))
         _choice("model", "device", self.device, ("auto", "cpu", "cuda"))
         _choice("model", "dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
+        _choice("model", "constrain", self.constrain, ("none",))  # tools: lands with its issue
         if self.max_batch < 1:
             raise ConfigError("model.max_batch must be >= 1")
         if self.prefix_cache_gb < 0:

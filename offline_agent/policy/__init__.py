@@ -14,15 +14,17 @@ __all__ = ["DEFAULT_MODEL", "Completion", "Policy", "Sampling", "load_policy", "
 
 def load_policy(id: str, backend: str = "hf", device: str = "auto", dtype: str = "auto",
                 max_batch: int = 32, adapter: str | None = None, seed: int = 0,
-                prefix_cache_gb: float = 2.0) -> Policy:
+                prefix_cache_gb: float = 2.0, constrain: str = "none") -> Policy:
     """A policy on model `id` (embedded:<name>, a local folder or a Hub repo id).
 
     backend: "hf" (transformers, CPU or GPU) or "vllm" (GPU). device "auto" means cuda if
     available, else cpu. dtype "auto" means bfloat16 on cuda, float32 on cpu. adapter: a PEFT
     LoRA folder to apply on top. seed: seeds the calls whose Sampling.seed is None.
     prefix_cache_gb: memory the hf backend keeps for the KV of prompt prefixes it has seen
-    (vLLM sizes its own prefix cache).
+    (vLLM sizes its own prefix cache). constrain: "none" (free text).
     """
+    if constrain != "none":
+        raise ValueError(f"model.constrain={constrain!r} is not available yet")
     if backend == "hf":
         from .hf import HFPolicy
 
