@@ -102,7 +102,7 @@ def test_every_sampled_action_parses_and_validates(policy, env_name):
     out = _sample_at(policy, env, states, per_state, seed=7)
     texts = [c.text for cs in out for c in cs]
     assert len(texts) >= 200
-    for snap, cs in zip(states, out):
+    for cs in out:
         for c in cs:
             call = parse_action(c.text, env.tools)  # raises ActionError if it does not parse
             validate_call(call, env.tools)

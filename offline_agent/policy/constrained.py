@@ -8,6 +8,8 @@ the Makefile installs it with --no-deps and its pure dependencies beside it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .grammar import CLOSERS, CallGrammar
@@ -24,6 +26,15 @@ def import_xgrammar():
     return xgrammar
 
 
+@dataclass
+class RowState:
+    """One constrained row: its grammar, its matcher, the characters it has written."""
+
+    grammar: CallGrammar
+    matcher: object
+    chars: int = 0
+
+
 class GrammarMasks:
     """Compiled grammars (cached by their text) and the per-step masking of a batch."""
 
@@ -34,41 +45,49 @@ class GrammarMasks:
         self.compiler = self.xgr.GrammarCompiler(info)  # caches compiled grammars by text
         self.vocab_size = vocab_size
         pieces = info.decoded_vocab  # bytes of each token
-        self.single = torch.tensor([len(p) == 1 for p in pieces]
-                                   + [False] * (vocab_size - len(pieces)))
+        self.lengths = [len(p) for p in pieces] + [0] * (vocab_size - len(pieces))
+        self.longest = max(self.lengths)
+        self.single = torch.tensor([n == 1 for n in self.lengths])
         self.single[stop_token_ids] = True
         ids = {p: i for i, p in enumerate(pieces) if len(p) == 1}
         # end-of-turn first: once the call is complete, nothing else
         self.closers = [*stop_token_ids, *(ids[c.encode()] for c in CLOSERS if c.encode() in ids)]
 
-    def matchers(self, grammars: list[CallGrammar | None]) -> list:
+    def rows(self, grammars: list[CallGrammar | None]) -> list[RowState | None]:
         """A fresh matcher per row (None where the row is free text)."""
         return [None if g is None else
-                self.xgr.GrammarMatcher(self.compiler.compile_grammar(g.text)) for g in grammars]
+                RowState(g, self.xgr.GrammarMatcher(self.compiler.compile_grammar(g.text)))
+                for g in grammars]
 
-    def mask(self, logits: torch.Tensor, matchers: list, closing: list[bool]) -> torch.Tensor:
+    def mask(self, logits: torch.Tensor, rows: list[RowState | None], left: int) -> torch.Tensor:
         """A copy of `logits` with every token the row's matcher forbids at -inf (rows without
-        a matcher unchanged). A closing row (as many tokens left as its grammar's horizon)
-        keeps only one-character tokens, and only the first allowed of end-of-turn, `]`, `"`,
-        `}`, `,` where one is allowed: that path finishes any call within the horizon."""
-        rows = [i for i, m in enumerate(matchers) if m is not None]
-        bitmask = self.xgr.allocate_token_bitmask(len(matchers), self.vocab_size)
-        for i in rows:
-            matchers[i].fill_next_token_bitmask(bitmask, i)
+        a matcher unchanged). A closing row (`left` tokens are its grammar's horizon, or the
+        next token could take its text past `max_chars` less the horizon) keeps only
+        one-character tokens, and only the first allowed of end-of-turn, `]`, `"`, `}`, `,`
+        where one is allowed: that path finishes any call within the horizon."""
+        constrained = [i for i, row in enumerate(rows) if row is not None]
+        bitmask = self.xgr.allocate_token_bitmask(len(rows), self.vocab_size)
+        for i in constrained:
+            rows[i].matcher.fill_next_token_bitmask(bitmask, i)
         out = logits.clone()
-        self.xgr.apply_token_bitmask_inplace(out, bitmask.to(out.device), indices=rows)
-        for i in (i for i in rows if closing[i]):
-            row = out[i]
-            row[~self.single.to(row.device)] = float("-inf")
-            closer = next((t for t in self.closers if row[t] > float("-inf")), None)
-            if closer is not None:
-                keep = row[closer].clone()
-                row.fill_(float("-inf"))
-                row[closer] = keep
+        self.xgr.apply_token_bitmask_inplace(out, bitmask.to(out.device), indices=constrained)
+        for i in constrained:
+            g = rows[i].grammar
+            if left <= g.horizon or rows[i].chars + self.longest + g.horizon > g.max_chars:
+                self._close(out[i])
         return out
-    @staticmethod
-    def advance(matcher, token: int) -> bool:
+
+    def _close(self, row: torch.Tensor) -> None:
+        row[~self.single.to(row.device)] = float("-inf")
+        closer = next((t for t in self.closers if row[t] > float("-inf")), None)
+        if closer is not None:
+            keep = row[closer].clone()
+            row.fill_(float("-inf"))
+            row[closer] = keep
+
+    def advance(self, row: RowState, token: int) -> bool:
         """Feed the row's new token; True once the call and its end-of-turn are complete."""
-        if not matcher.accept_token(token):
+        if not row.matcher.accept_token(token):
             raise RuntimeError(f"token {token} was drawn against the grammar's mask")
-        return matcher.is_terminated()
+        row.chars += self.lengths[token]
+        return row.matcher.is_terminated()

@@ -25,6 +25,8 @@ import functools
 import json
 from dataclasses import dataclass
 
+from offline_agent.envs.base import MAX_ARGUMENT_CHARS
+
 from .base import Sampling
 
 DIGITS, DECIMALS = 15, 6  # the parser refuses numbers longer than 40 characters
@@ -41,6 +43,7 @@ CLOSERS = ']"},'
 class CallGrammar:
     text: str  # EBNF, xgrammar's dialect
     horizon: int  # tokens that always suffice to finish the call from any point, end-of-turn included
+    max_chars: int = MAX_ARGUMENT_CHARS  # longest reply text: the env refuses longer arguments
 
 
 def prompt_grammars(sampling: Sampling, num_prompts: int) -> list[CallGrammar | None]:

@@ -225,8 +225,7 @@ class HFPolicy:
         last = torch.tensor([r[-1] for r in rows], device=self.device)
         generators = [torch.Generator(self.device).manual_seed(s) for s in seeds]
         temps = torch.tensor(temperatures, device=self.device)
-        matchers = self.grammars.matchers(grammars) if self.grammars else [None] * len(rows)
-        horizons = [g.horizon if g else 0 for g in grammars]
+        constrained = self.grammars.rows(grammars) if self.grammars else [None] * len(rows)
         ids: list[list[int]] = [[] for _ in rows]
         logprobs: list[list[float]] = [[] for _ in rows]
         active = list(range(len(rows)))  # rows still generating, in batch order
@@ -236,18 +235,17 @@ class HFPolicy:
                                 position_ids=mask.sum(1, keepdim=True) - 1, cache=cache)
             logits = logits.logits[:, -1].float()
             allowed = logits
-            if any(matchers[r] for r in active):  # raw logits stay for the logprobs
-                left = sampling.max_new_tokens - step
-                allowed = self.grammars.mask(logits, [matchers[r] for r in active],
-                                             [left <= horizons[r] for r in active])
+            if any(constrained[r] for r in active):  # raw logits stay for the logprobs
+                allowed = self.grammars.mask(logits, [constrained[r] for r in active],
+                                             left=sampling.max_new_tokens - step)
             tokens = _pick(allowed, [generators[r] for r in active], temps, sampling.top_p)
             token_logprobs = logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0].tolist()
             keep = []
             for i, r in enumerate(active):
                 ids[r].append(int(tokens[i]))
                 logprobs[r].append(token_logprobs[i])
-                if matchers[r] is not None:
-                    if not self.grammars.advance(matchers[r], ids[r][-1]):
+                if constrained[r] is not None:
+                    if not self.grammars.advance(constrained[r], ids[r][-1]):
                         keep.append(i)
                 elif not self._stopped(ids[r], sampling.stop):
                     keep.append(i)
@@ -260,7 +258,7 @@ class HFPolicy:
                 active = [active[i] for i in keep]
             last = tokens
         return [self._finish(i, lp, sampling.stop, m is not None)
-                for i, lp, m in zip(ids, logprobs, matchers)]
+                for i, lp, m in zip(ids, logprobs, constrained)]
 
     def _finish(self, ids: list[int], logprobs: list[float], stop: list[str], constrained: bool):
         ended = bool(ids) and ids[-1] in self.eos
