@@ -24,6 +24,7 @@ import yaml
 from offline_agent.envs.base import BUILTIN_ENVS
 from offline_agent.policy.models import DEFAULT_MODEL
 from offline_agent.search.config import SearchConfig
+from offline_agent.training.config import TrainConfig
 
 # Keys that say how or where work runs, not what it computes: left out of stage hashes, so
 # renaming a run or merging shards never invalidates finished stages.
@@ -104,6 +105,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
     # ---- building ----------------------------------------------------------------------
     @classmethod

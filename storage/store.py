@@ -427,6 +427,19 @@ class Store:
             if t != "meta"
         }
 
+    # ---- training metrics ------------------------------------------------------------------
+    def insert_metrics(self, rows: Sequence[dict], stage: str) -> None:
+        """Per-step metrics (series, step, data); a step written again (a resumed run redoing
+        steps past its checkpoint) replaces the old row."""
+        self._insert("metrics", rows, "ON CONFLICT (stage, series, step) DO UPDATE SET "
+                     "data = excluded.data", stage=stage)
+
+    def metrics(self, stage: str, series: str | None = None) -> list[dict]:
+        """Metric rows of `stage` (one series when given), by series then step."""
+        where, params = ("AND series = ?", [stage, series]) if series else ("", [stage])
+        return self._select("metrics", f"SELECT * FROM metrics WHERE stage = ? {where} "
+                            "ORDER BY series, step", params)
+
     # ---- scale-out -------------------------------------------------------------------------
     def merge_from(self, shard_paths: Sequence[str | Path]) -> dict[str, int]:
         """Copy the rows of shard stores into this one, in one transaction; rows per table.
