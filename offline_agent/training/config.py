@@ -42,7 +42,7 @@ class TrainConfig:
         metadata={"help": "linear layers that get LoRA adapters"})
     quantization: str = _f("none", "none, or 4bit: QLoRA, the base in NF4 via bitsandbytes")
     gradient_checkpointing: bool = _f(False, "recompute activations in backward: less memory, "
-                                             "~30% more time")
+                                             "one more forward of time")
     dtype: str = _f("auto", "auto (bfloat16 on a GPU that supports it, else float32), "
                             "float32 or bfloat16")
     save_every: int = _f(10, "checkpoint (adapter, optimizer, scheduler, data order, RNG) every "
