@@ -65,3 +65,21 @@ def test_qlora_trains_and_merge_writes_a_full_model(tiny_model_dir, tmp_path):
 def test_no_data_is_a_clear_error(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="no training data"):
         fit_policy("dpo_step", [], tiny_model_dir, TrainConfig(), tmp_path)
+
+
+def test_gradient_checkpointing_and_split_forwards_give_the_same_losses(tiny_model_dir, tmp_path):
+    """Recomputing activations, or splitting a step into several packed forwards (gradient
+    accumulation), changes cost, not the numbers."""
+    pairs = [step_pair(i) for i in range(4)] + [trajectory_pair()]
+    runs = {}
+    for name, extra in (("plain", {}), ("checkpointed", {"gradient_checkpointing": True}),
+                        ("split", {"pack_tokens": 1})):
+        cfg = TrainConfig(lr=3e-3, batch_size=5, max_steps=2, warmup_steps=0, save_every=100,
+                          **extra)
+        seen = []
+        fit_policy("dpo_step", pairs, tiny_model_dir, cfg, tmp_path / name,
+                   on_metrics=lambda step, m: seen.append(m["loss"]))
+        runs[name] = seen
+    assert runs["plain"][0] != runs["plain"][-1]
+    assert runs["checkpointed"] == pytest.approx(runs["plain"], rel=1e-5)
+    assert runs["split"] == pytest.approx(runs["plain"], rel=1e-5)
