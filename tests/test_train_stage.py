@@ -37,7 +37,7 @@ def make_run(run_dir: Path, n_step: int = 4, trajectory: bool = False, rft: bool
         store.insert_pairs(rows, "mine")
         if rft:
             pair = trajectory_pair()
-            store._insert("examples", [{
+            store.insert_examples([{
                 "example_id": 1, "task_id": "t9", "env": "minishop", "kind": "rft",
                 "instruction": "i need a blue power bank under 50 dollars",
                 "messages": pair["prompt"] + pair["chosen"], "reward": 1.0}], stage="mine")
