@@ -19,7 +19,7 @@ h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1
 table { border-collapse: collapse; margin: 8px 0; }
 th, td { padding: 4px 10px; border-bottom: 1px solid #eee; text-align: left;
          font-variant-numeric: tabular-nums; vertical-align: top; }
-th { background: #f5f5f5; } .missing { color: #888; font-style: italic; }
+th { background: #f5f5f5; white-space: nowrap; } .missing { color: #888; font-style: italic; }
 .note { color: #555; font-size: 13px; } svg { max-width: 100%; height: auto; }
 .grid { display: flex; flex-wrap: wrap; gap: 24px; }
 """
@@ -84,7 +84,7 @@ def _success_chart(policies: list[dict]) -> str:
     rates = [100 * (e["success_rate"] or 0) for e in policies]
     lo = [r - 100 * e["ci95"][0] if e["ci95"] else 0 for r, e in zip(rates, policies)]
     hi = [100 * e["ci95"][1] - r if e["ci95"] else 0 for r, e in zip(rates, policies)]
-    ax.bar(labels, rates, yerr=[lo, hi], capsize=6, color="#4c78a8")
+    ax.bar(labels, rates, width=0.6, yerr=[lo, hi], capsize=6, color="#4c78a8")
     for i, (rate, up, e) in enumerate(zip(rates, hi, policies)):
         ax.annotate(f"{rate:.1f}% (n={e['n_tasks']})", (i, rate + up), xytext=(0, 4),
                     textcoords="offset points", ha="center", fontsize=8)
