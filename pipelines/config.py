@@ -23,6 +23,7 @@ import yaml
 
 from offline_agent.envs.base import BUILTIN_ENVS
 from offline_agent.evaluation import EvalConfig
+from offline_agent.mining.config import MineConfig
 from offline_agent.policy.models import DEFAULT_MODEL
 from offline_agent.search.config import SearchConfig
 
@@ -107,6 +108,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    mine: MineConfig = field(default_factory=MineConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     # ---- building ----------------------------------------------------------------------

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from offline_agent.evaluation import (
-    EvalConfig,
     Episode,
+    EvalConfig,
     bootstrap_ci,
     compare,
     paired_difference,

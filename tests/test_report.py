@@ -46,9 +46,8 @@ def fill(store: Store, training: bool = True) -> None:
     store.insert_pairs([{"pair_id": i, "task_id": "t000", "kind": k, "prompt": [], "chosen": [],
                          "rejected": []} for i, k in enumerate(["step"] * 3 + ["trajectory"])],
                        "mine")
-    store._insert("examples", [{"example_id": 0, "task_id": "t000", "env": "minishop",
-                                "kind": "rft", "instruction": "buy", "messages": []}],
-                  stage="mine")
+    store.insert_examples([{"example_id": 0, "task_id": "t000", "env": "minishop",
+                            "kind": "rft", "instruction": "buy", "messages": []}], "mine")
     for policy in ("dpo_step", "rft"):  # training order: dpo_step finished first
         store.set_checkpoint("train", "", f"{policy}/final", {"folder": f"x/{policy}", "step": 5})
         store._insert("metrics", [{"series": policy, "step": s,

@@ -7,6 +7,8 @@ Stage modules import heavy libraries (torch, transformers) inside their function
 from pipelines.runner import Stage
 from pipelines.stages.baseline import run_baseline
 from pipelines.stages.eval import run_eval
+from pipelines.stages.export import run_export
+from pipelines.stages.mine import run_mine
 from pipelines.stages.report import run_report
 from pipelines.stages.search import run_search
 from pipelines.stages.tasks import run_tasks
@@ -20,9 +22,11 @@ STAGES: list[Stage] = [
     Stage("tasks", ("run", "env"), run_tasks),
     Stage("baseline", ("run", "env", "model"), run_baseline, shard=search_shard),
     Stage("search", ("run", "env", "model", "search"), run_search, shard=search_shard),
-    # then mine, export, train, grpo (their issues), before eval.
-    # TODO(lead): once the mine and train sections land, eval depends on them too (a retrained
-    # adapter changes its episodes): ("run", "env", "model", "search", "mine", "train", "eval").
+    Stage("mine", ("run", "env", "model", "search", "mine"), run_mine),
+    Stage("export", ("run", "env", "model", "search", "mine"), run_export),
+    # then train, grpo (their issues), before eval.
+    # TODO(lead): once the train section lands, eval depends on it too (a retrained adapter
+    # changes its episodes): ("run", "env", "model", "search", "mine", "train", "eval").
     Stage("eval", ("run", "env", "model", "eval"), run_eval),
     # Reads only what earlier stages stored; `offline-agent report RUN_DIR` re-renders it.
     Stage("report", (), run_report),
