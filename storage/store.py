@@ -646,6 +646,8 @@ class Store:
         return dict(self._sql(f"SELECT {column}, count(*) FROM {table} GROUP BY {column} "
                               f"ORDER BY {column}"))
 
+    # The same method as the training branch's (h-train, "# ---- training metrics"): when
+    # both are merged, keep that one and delete this.
     def metrics(self, stage: str, series: str | None = None) -> list[dict]:
         """Per-step metric rows (stage, series, step, data) ordered by series and step."""
         where, params = ("AND series = ?", [stage, series]) if series else ("", [stage])
