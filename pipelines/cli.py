@@ -102,6 +102,12 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--format", choices=("html", "graphml"), default="html")
     t.add_argument("--out", type=Path, help="output file (default: RUN_DIR/trees/ID.FORMAT)")
     t.set_defaults(func=cmd_tree)
+
+    rep = sub.add_parser("report", help="write RUN_DIR/report/ (report.json, index.html) again",
+                         description="Recompute the report from a finished or stopped run's "
+                         "store (opened read-only) and print the comparison table.")
+    rep.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    rep.set_defaults(func=cmd_report)
     return p
 
 
@@ -219,6 +225,17 @@ def cmd_tree(args: argparse.Namespace) -> int:
                  f"best reward {tree['best_reward']})")
         out.write_text(render_html(nodes, title))
     print(f"wrote {out} ({len(nodes)} nodes)")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pipelines.stages.report import build_report, comparison_table, eval_config, write_report
+
+    with Store(args.run_dir / "store.duckdb", read_only=True) as store:
+        report = build_report(store, eval_config(store))
+    path = write_report(args.run_dir, report)
+    print(comparison_table(report))
+    print(f"report: {path}")
     return 0
 
 

@@ -613,3 +613,48 @@ class Store:
             f"INSERT OR IGNORE INTO {table} ({names}) SELECT {names} FROM {alias}.{table}"
         )[0]
         return n
+
+    # ---- evaluation ------------------------------------------------------------------------
+    def insert_eval_episodes(self, rows: Sequence[dict], stage: str) -> None:
+        """Episodes keyed by (policy, mode, task_id): a second row for one key raises."""
+        self._insert("eval_episodes", rows, stage=stage)
+
+    def eval_episodes(self, policy: str | None = None, mode: str | None = None) -> list[dict]:
+        """Evaluation episodes ordered by policy, mode and task (all when filters are None)."""
+        where = [(c, v) for c, v in (("policy", policy), ("mode", mode)) if v is not None]
+        sql = " AND ".join(f"{c} = ?" for c, _ in where)
+        return self._select(
+            "eval_episodes",
+            f"SELECT * FROM eval_episodes {'WHERE ' + sql if where else ''} "
+            "ORDER BY policy, mode, task_id",
+            [v for _, v in where],
+        )
+
+    def eval_tasks(self, policy: str, mode: str) -> set[str]:
+        """Ids of tasks `policy` has finished in `mode` (what a resumed evaluation skips)."""
+        rows = self._sql("SELECT task_id FROM eval_episodes WHERE policy = ? AND mode = ?",
+                         [policy, mode])
+        return {r[0] for r in rows}
+
+    def final_checkpoints(self, stage: str) -> dict[str, Any]:
+        """{name: value} of `stage`'s checkpoints keyed '<name>/final' (a trained policy's
+        finished adapter), oldest first: the order the stage finished them."""
+        rows = self._select(
+            "checkpoints",
+            "SELECT key, value FROM checkpoints WHERE stage = ? AND key LIKE '%/final' "
+            "ORDER BY updated_at, key",
+            [stage],
+        )
+        return {r["key"].removesuffix("/final"): r["value"] for r in rows}
+
+    _COUNTED = {("pairs", "kind"), ("examples", "kind"), ("trajectories", "source"),
+                ("tasks", "split")}
+
+    def count_by(self, table: str, column: str) -> dict[str, int]:
+        """Rows of `table` per value of `column` (pairs or examples by kind, trajectories by
+        source, tasks by split)."""
+        if (table, column) not in self._COUNTED:
+            raise ValueError(f"count_by: no count of {table} by {column}; counted: "
+                             f"{sorted(self._COUNTED)}")
+        return dict(self._sql(f"SELECT {column}, count(*) FROM {table} GROUP BY {column} "
+                              f"ORDER BY {column}"))
