@@ -22,13 +22,18 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from offline_agent.envs.base import BUILTIN_ENVS
+from offline_agent.evaluation import EvalConfig
+from offline_agent.mining.config import MineConfig
 from offline_agent.policy.models import DEFAULT_MODEL
 from offline_agent.search.config import SearchConfig
+from offline_agent.training.config import TrainConfig
 
 # Keys that say how or where work runs, not what it computes: left out of stage hashes, so
 # renaming a run or merging shards never invalidates finished stages.
 # run.iterations says how many rounds to run; a round's results do not depend on it.
-UNHASHED = {"run.name", "run.iterations", "search.shard", "model.prefix_cache_gb"}
+# eval.bootstrap and eval.seed only shape the intervals the report computes from the episodes.
+UNHASHED = {"run.name", "run.iterations", "search.shard", "model.prefix_cache_gb",
+            "eval.bootstrap", "eval.seed"}
 
 
 class ConfigError(ValueError):
@@ -105,6 +110,9 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    mine: MineConfig = field(default_factory=MineConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     # ---- building ----------------------------------------------------------------------
     @classmethod

@@ -124,7 +124,8 @@ def test_status_falls_back_to_progress_while_running(tmp_path, config, capsys):
 
 def shard_run(tmp_path, config, i: int) -> Path:
     run_dir = tmp_path / f"shard{i}"
-    assert main(["run", config, "--run-dir", str(run_dir), "--set", f"search.shard={i}/2"]) == 0
+    assert main(["run", config, "--run-dir", str(run_dir), "--set", f"search.shard={i}/2",
+                 "--until", "search"]) == 0
     return run_dir
 
 
@@ -137,6 +138,10 @@ def tree_rows(run_dir: Path) -> tuple[dict, dict]:
 
 def test_merge_of_shards_equals_unsharded_run(tmp_path, config, capsys):
     a, b = shard_run(tmp_path, config, 0), shard_run(tmp_path, config, 1)
+    # stages that need every shard's trees wait for the merge
+    assert "stage mine: needs every shard's results; skipped" in capsys.readouterr().out
+    with Store(a / "store.duckdb", read_only=True) as s:
+        assert s.stage("mine") is None and s.stage("search", "0/2")["status"] == "done"
     out = tmp_path / "merged"
     assert main(["merge", str(out), str(a), str(b)]) == 0
     assert "trees 4" in capsys.readouterr().out
