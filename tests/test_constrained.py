@@ -230,3 +230,29 @@ def test_parse_errors_still_come_from_the_env():
     assert call is None and result.invalid
     with pytest.raises(ActionError):
         validate_call(ToolCall("book", {"restaurant": "x"}), env.tools)
+
+
+def test_search_asks_for_each_states_tools_and_grows_only_valid_children(policy):
+    """MCTS passes the node's Env.action_tools() with every Sample; with a constrained policy
+    no child of any expansion is an invalid action."""
+    from offline_agent.search.config import SearchConfig
+    from offline_agent.search.mcts import Tree
+    from offline_agent.search.searcher import Searcher
+
+    def make_env():
+        return load_env("minishop", max_steps=4)
+
+    cfg = SearchConfig(simulations=2, k=2, oversample=2, listed=0, max_depth=3, critic="none",
+                       trees_per_batch=2)
+    trees = [Tree.new(t, make_env()) for t in make_env().tasks("train", 2)]
+    Searcher(policy, make_env, cfg).run(trees, lambda batch: None, progress=False)
+    children = [n for t in trees for n in t.nodes if n.parent is not None]
+    assert len(children) >= 4 and not any(n.invalid for n in children)
+
+
+def test_config_accepts_tools_and_names_the_choices():
+    from pipelines.config import ConfigError, ModelConfig
+
+    assert ModelConfig(constrain="tools").constrain == "tools"
+    with pytest.raises(ConfigError, match="none, tools"):
+        ModelConfig(constrain="json")

@@ -13,6 +13,10 @@ that generate does not, cheaply:
   the last one. So each distinct prompt is computed once, only past the longest prefix the
   PrefixCache holds from earlier calls, and the KV cache is then expanded to the n rows.
 
+With constrain="tools", a row asked with tools decodes under the grammar of one tool call
+(policy/grammar.py, policy/constrained.py): its own xgrammar matcher masks the logits it
+samples or argmaxes from; log-probs stay those of the raw logits.
+
 The cache is padded in the middle: [left pad][cached prefix][left pad][new tokens]. The
 attention mask hides the pad, and position ids count only real tokens. This is for
 decoder-only models with full attention (Llama, Qwen2, SmolLM, ...).
@@ -244,10 +248,9 @@ class HFPolicy:
             for i, r in enumerate(active):
                 ids[r].append(int(tokens[i]))
                 logprobs[r].append(token_logprobs[i])
-                if constrained[r] is not None:
-                    if not self.grammars.advance(constrained[r], ids[r][-1]):
-                        keep.append(i)
-                elif not self._stopped(ids[r], sampling.stop):
+                row = constrained[r]
+                if not (self.grammars.advance(row, ids[r][-1]) if row
+                        else self._stopped(ids[r], sampling.stop)):
                     keep.append(i)
             if not keep:
                 break
@@ -261,11 +264,10 @@ class HFPolicy:
                 for i, lp, m in zip(ids, logprobs, constrained)]
 
     def _finish(self, ids: list[int], logprobs: list[float], stop: list[str], constrained: bool):
-        ended = bool(ids) and ids[-1] in self.eos
-        if not constrained:
-            return finish(self.tokenizer, ids, logprobs, stop, ended)
-        completion = finish(self.tokenizer, ids, logprobs, [], ended)
-        completion.constrained = True
+        """A constrained reply ends with its call: stop strings do not cut it."""
+        completion = finish(self.tokenizer, ids, logprobs, [] if constrained else stop,
+                            bool(ids) and ids[-1] in self.eos)
+        completion.constrained = constrained
         return completion
 
     def _stopped(self, ids: list[int], stop: list[str]) -> bool:
