@@ -595,3 +595,24 @@ def test_python_env_refuses_at_construction_unless_allowed(monkeypatch):
     env.reset(make_task(problem, 0, seed=0))
     result = env.act(f"submit[{problem.source(problem.variants[0])}]")[1]
     assert result.reward == 1.0, result.observation
+
+
+@needs("cgroups")
+def test_cgroups_left_by_a_dead_process_are_removed_by_the_next_probe():
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid now names no process
+    stale = [
+        Path(p, f"{sandbox.cgroups.PREFIX}{gone.pid}-0")
+        for p in {ISO.cgroups.memory_parent, ISO.cgroups.pids_parent}
+    ]
+    mine = [
+        Path(p, f"{sandbox.cgroups.PREFIX}{os.getpid()}-999999")
+        for p in {ISO.cgroups.memory_parent}
+    ]
+    for d in stale + mine:
+        d.mkdir()
+    try:
+        assert sandbox.cgroups.probe_cgroups() == ISO.cgroups
+        assert not any(d.exists() for d in stale) and all(d.exists() for d in mine)
+    finally:
+        sandbox.cgroups.remove(stale + mine)

@@ -3,15 +3,15 @@
 The child is a chain of util-linux tools and one launcher script, so no Python runs between
 fork and exec in the parent (`preexec_fn` is unsafe in a threaded parent such as torch's):
 
-    /bin/sh: join the run's fresh cgroup        [total memory + process caps]
+    /bin/sh: join the run's fresh cgroup           [total memory + process caps]
       -> prlimit (CPU, address space, processes, file size, no core)
-      -> unshare --mount --pid --net --ipc --uts --fork --kill-child
-      -> python sandbox_launcher.py, as root, pid 1 of the new pid namespace: mounts a tmpfs
-         root holding /usr read-only, a fresh /proc, size-capped tmpfs /work, /tmp and
-         /dev/shm and five device nodes, pivot_roots into it and drops the old root; stays
-         as the init (the child's uid cannot signal or ptrace it) and forks:
-           -> setresuid(UID), no_new_privs, seccomp filter (no new namespaces, only
-              UNIX/INET sockets) -> exec python -s -S -B -c RUN_MAIN
+      -> unshare --mount --pid --net --ipc --uts --cgroup --fork --kill-child
+      -> python -s -S -B -c sandbox_launcher.py, as root, pid 1 of the new pid namespace:
+         mounts a tmpfs root holding /usr read-only, a fresh /proc, size-capped tmpfs /work,
+         /tmp and /dev/shm and five device nodes, pivot_roots into it and drops the old
+         root; stays as the init (the run's uid can neither signal nor ptrace it); forks:
+           -> setresuid(UID), no_new_privs, seccomp filter (no new namespaces, no io_uring,
+              only UNIX/INET sockets), then main.py runs in that same interpreter
 
 plus a new session (`killpg` on timeout and after every run) and an environment built from
 an allow-list. What this machine provides is probed once (`probe_isolation()`);
@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import json
 import logging
 import os
 import pwd
@@ -53,14 +52,6 @@ TMPFS_MB = 64  # each of /work, /tmp, /dev/shm (charged to the run's memory cap 
 MAX_OUTPUT_CHARS = 16000  # returned per stream; head and tail kept, middle elided
 PY_FLAGS = ["-s", "-S", "-B"]  # not -I: it implies -E, which would ignore PYTHONHASHSEED
 
-# main.py runs via -c so tracebacks name "main.py", not a temp path (same code, same output)
-RUN_MAIN = (
-    "import sys; sys.argv[0] = 'main.py'; "
-    "exec(compile(open('main.py', encoding='utf-8').read(), 'main.py', 'exec'), "
-    "{'__name__': '__main__', '__file__': 'main.py'})"
-)
-BLOCK_NET = "import sys; sys.modules.update(dict.fromkeys(('socket', '_socket', 'ssl', '_ssl'))); "
-
 # The seccomp filter the launcher loads before exec'ing the interpreter (after
 # no_new_privs): (errno, syscall, arg0 test, a, b) with tests 0 none, 4 ==, 5 >=, 7 masked ==.
 # clone3 gets ENOSYS (its flags sit behind a pointer), so libc falls back to clone, whose
@@ -70,6 +61,8 @@ SECCOMP_RULES = [
     (1, "setns", 0, 0, 0),
     (38, "clone3", 0, 0, 0),
     (1, "clone", 7, 0x10000000, 0x10000000),  # CLONE_NEWUSER
+    # io_uring can open sockets without the socket syscall (IORING_OP_SOCKET)
+    *[(1, f"io_uring_{op}", 0, 0, 0) for op in ("setup", "enter", "register")],
     # socket families: only AF_UNIX (1), AF_INET (2), AF_INET6 (10)
     *[(97, "socket", 4, fam, 0) for fam in (0, 3, 4, 5, 6, 7, 8, 9)],
     (97, "socket", 5, 11, 0),
@@ -126,12 +119,12 @@ def sandbox_report(iso: Isolation | None = None) -> dict[str, str]:
     """Layer -> what enforces it here, or "MISSING: what it needs"."""
     iso = iso or probe_isolation()
     active = {
-        "namespaces": "pid + network + ipc + uts namespaces",
+        "namespaces": "pid + network + ipc + uts + cgroup namespaces",
         "private_fs": "tmpfs root: /usr read-only, private /proc, "
         f"{TMPFS_MB} MB tmpfs /work, /tmp, /dev/shm",
         "drop_uid": f"uids {SANDBOX_UIDS.start}-{SANDBOX_UIDS.stop - 1}, one per run",
         "cgroups": iso.cgroups.describe() if iso.cgroups else "",
-        "seccomp": "no unshare/setns/clone(NEWUSER); sockets: UNIX, INET, INET6 only",
+        "seccomp": "no unshare/setns/clone(NEWUSER)/io_uring; sockets: UNIX, INET, INET6 only",
     }
     missing = iso.missing()
     report = {k: f"MISSING: {LAYER_NEEDS[k]}" if k in missing else v for k, v in active.items()}
@@ -236,19 +229,20 @@ def require_isolation(allow_weaker: bool = False, isolation: Isolation | None = 
 
 def _run(code: str, timeout_s: float, memory_mb: int, iso: Isolation) -> SandboxResult:
     uid = SANDBOX_UIDS[next(_run_counter) % len(SANDBOX_UIDS)]
-    stage = tempfile.mkdtemp(prefix="oa-sandbox-")  # mode 0700: only main.py, root's view
+    stage = tempfile.mkdtemp(prefix="oa-sandbox-")  # mode 0700: main.py, seen only by root
     try:
         cg_dirs = cgroups.create(iso.cgroups, memory_mb, MAX_PROCS + 8) if iso.cgroups else []
     except OSError as e:
         shutil.rmtree(stage, ignore_errors=True)
         raise SandboxError(f"cannot create the run's cgroup: {e}") from e
     try:
-        workdir = _prepare(stage, code, iso, uid)
+        _prepare(stage, code, iso, uid)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            argv = _argv(iso, uid, timeout_s, memory_mb, stage, cg_dirs)
             proc = subprocess.Popen(
-                _argv(iso, uid, timeout_s, memory_mb, stage, cg_dirs),
-                cwd=workdir,
-                env=_child_env(iso, workdir),
+                argv,
+                cwd="/",  # the launcher starts as root: '' on its sys.path must be safe
+                env=_child_env(_workdir(iso, stage)),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
@@ -271,44 +265,44 @@ def _run(code: str, timeout_s: float, memory_mb: int, iso: Isolation) -> Sandbox
     return SandboxResult(stdout, stderr, rc, timed_out, reason)
 
 
-def _prepare(stage: str, code: str, iso: Isolation, uid: int) -> str:
-    """Write main.py; returns the directory the chain starts in."""
+def _private(iso: Isolation) -> bool:
+    return iso.namespaces and iso.private_fs
+
+
+def _workdir(iso: Isolation, stage: str) -> str:
+    """The run's working directory as the child sees it."""
+    return "/work" if _private(iso) else stage
+
+
+def _prepare(stage: str, code: str, iso: Isolation, uid: int) -> None:
+    """main.py, and either a mount point for the private root or a stage the uid owns."""
     Path(stage, "main.py").write_text(code, encoding="utf-8")
-    if iso.namespaces and iso.private_fs:
-        os.mkdir(Path(stage, "root"))  # mount point of the run's tmpfs root
-        return stage
-    if iso.drop_uid:
+    if _private(iso):
+        os.mkdir(Path(stage, "root"))
+    elif iso.drop_uid:
         os.chown(stage, uid, uid)
         os.chown(Path(stage, "main.py"), uid, uid)
-    return stage
 
 
 def _argv(
     iso: Isolation, uid: int, timeout_s: float, memory_mb: int, stage: str, cg_dirs: list[Path]
 ) -> list[str]:
+    argv = []
+    if cg_dirs:  # join the cgroup first, so that every later process is inside it
+        join = 'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done'
+        argv += ["/bin/sh", "-c", join + '; shift; exec "$@"', "sh"]
+        argv += [*[str(d / "cgroup.procs") for d in cg_dirs], "--"]
     cpu = int(timeout_s) + 1  # the wall timeout normally fires first; this catches threads
     procs, per_process_mb = (
         (MAX_PROCS, memory_mb) if cg_dirs else (FALLBACK_PROCS, memory_mb // FALLBACK_PROCS)
     )
-    argv = []
-    if cg_dirs:  # join the cgroup first, so that every later process is inside it
-        join = 'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; shift; exec "$@"'
-        argv += ["/bin/sh", "-c", join, "sh", *[str(d / "cgroup.procs") for d in cg_dirs], "--"]
-    argv += [
-        "prlimit",
-        f"--cpu={cpu}:{cpu + 1}",
-        f"--as={per_process_mb * 2**20}",
-        f"--nproc={procs}",
-        f"--fsize={MAX_FILE_MB * 2**20}",
-        "--core=0",
-        "--",
-    ]
+    argv += ["prlimit", f"--cpu={cpu}:{cpu + 1}", f"--as={per_process_mb * 2**20}"]
+    argv += [f"--nproc={procs}", f"--fsize={MAX_FILE_MB * 2**20}", "--core=0", "--"]
     if iso.namespaces:
-        argv += ["unshare", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
-        argv += ["--mount", "--"] if iso.private_fs else ["--"]
-    run = ("" if iso.namespaces else BLOCK_NET) + RUN_MAIN
+        argv += ["unshare", "--net", "--pid", "--ipc", "--uts", "--cgroup", "--fork"]
+        argv += ["--kill-child", *(["--mount"] if _private(iso) else []), "--"]
     cfg = {
-        "private_fs": iso.namespaces and iso.private_fs,
+        "private_fs": _private(iso),
         "init": iso.namespaces,
         "drop_uid": iso.drop_uid,
         "seccomp": iso.seccomp,
@@ -317,18 +311,21 @@ def _argv(
         "stage": stage,
         "uid": uid,
         "tmpfs_mb": TMPFS_MB,
-        "argv": [iso.python, *PY_FLAGS, "-c", run],
+        "workdir": _workdir(iso, stage),
+        "block_net": not iso.namespaces,
     }
-    return argv + [iso.python, "-I", "-S", "-B", "-c", LAUNCHER, json.dumps(cfg)]
+    # one line, so tracebacks start `File "<string>", line 1` whatever the launcher holds
+    run = "import sys; exec(sys.argv[1]); "
+    run += f"exec(launch({cfg!r}), {{'__name__': '__main__', '__file__': 'main.py'}})"
+    return argv + [iso.python, *PY_FLAGS, "-c", run, LAUNCHER]
 
 
-def _child_env(iso: Isolation, workdir: str) -> dict[str, str]:
+def _child_env(workdir: str) -> dict[str, str]:
     """Built from nothing, so no token, key or proxy of the parent can leak."""
-    private = iso.namespaces and iso.private_fs
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": "/work" if private else workdir,
-        "TMPDIR": "/tmp" if private else workdir,
+        "HOME": workdir,
+        "TMPDIR": "/tmp" if workdir == "/work" else workdir,
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
         "PYTHONHASHSEED": "0",  # deterministic set/dict-of-str order: same code, same output

@@ -1,24 +1,24 @@
 """The sandbox's in-child launcher: a standalone script (stdlib only, no project imports).
 
-sandbox.py runs it as `python -S -B -c <this file's text> <json config>` inside the new
-namespaces, as root where the parent is root. One interpreter does what would otherwise take
-some twenty short-lived tools: build the private root (mounts, pivot_root), stay as the pid
-namespace's init (reaping orphans, reporting a signal death as 128 + N like a shell), and in
-a forked child drop to the run's uid, set no_new_privs, load the seccomp filter and exec the
-user's interpreter. Nothing here runs user code.
+sandbox.py runs `python -s -S -B -c "exec(<this file>); exec(launch(cfg), ...)"`
+inside the new namespaces, as root where the parent is root. One interpreter does what would
+otherwise take some twenty short-lived tools and a second interpreter: build the private
+root (mounts, pivot_root), stay as the pid namespace's init (reaping orphans, reporting a
+signal death as 128 + N like a shell), and in a forked child drop to the run's uid, set
+no_new_privs, load the seccomp filter and return main.py compiled, which the caller's line
+executes at top level (so tracebacks look as they would for `python main.py`). It imports
+only ctypes: start-up time is most of a sandboxed run's cost.
 """
 
 import ctypes
-import json
 import os
-import platform
 import sys
-import traceback
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_DUMPABLE = 4
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom")
 SECCOMP_ALLOW = 0x7FFF0000
@@ -82,7 +82,7 @@ def build_root(cfg):
     mount("proc", "proc", "proc", nosuid | MS_NOEXEC)
     mount(None, "dev", flags=MS_REMOUNT | MS_RDONLY | nosuid | MS_NOEXEC)
     # pivot_root(".", "."): the old root ends up on top of the new one; detach it
-    check(libc.syscall(SYS_PIVOT_ROOT[platform.machine()], b".", b"."), "pivot_root")
+    check(libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")
     check(libc.umount2(b".", MNT_DETACH), "umount old root")
     mount(None, "/", flags=MS_REMOUNT | MS_RDONLY, data="size=1m")
     os.chdir("/work")
@@ -122,17 +122,23 @@ def load_seccomp(rules):
 
 
 def become_child(cfg):
-    """Drop to the run's uid, forbid privilege gain, filter syscalls, exec the interpreter."""
+    """Drop to the run's uid, forbid privilege gain, filter syscalls; main.py, compiled."""
     uid = cfg["uid"]
     if cfg["drop_uid"]:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
+        check(libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "dumpable")  # /proc/self as usual
     check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if cfg["seccomp"]:
         load_seccomp(cfg["seccomp_rules"])
-    env = {k: v for k, v in os.environ.items() if k != "PWD"}  # a shell set it: host path
-    os.execve(cfg["argv"][0], cfg["argv"], env)
+    os.chdir(cfg["workdir"])
+    os.environ.pop("PWD", None)  # a shell set it to a host path
+    if cfg["block_net"]:  # the weak fallback without a network namespace
+        sys.modules.update(dict.fromkeys(("socket", "_socket", "ssl", "_ssl")))
+    sys.argv[:] = ["main.py"]
+    with open("main.py", encoding="utf-8") as f:
+        return compile(f.read(), "main.py", "exec")
 
 
 def serve_as_init(child):
@@ -144,20 +150,12 @@ def serve_as_init(child):
             os._exit(128 - code if code < 0 else code)
 
 
-def main():
-    cfg = json.loads(sys.argv[1])
+def launch(cfg):
+    """Set up, then (in the run's process) return main.py compiled; never returns as init."""
     if cfg["private_fs"]:
         build_root(cfg)
-    if not cfg["init"]:
-        become_child(cfg)
-    child = os.fork()
-    if child == 0:
-        try:
-            become_child(cfg)
-        except BaseException:
-            traceback.print_exc()
-        os._exit(125)
-    serve_as_init(child)
-
-
-main()
+    if cfg["init"]:
+        child = os.fork()
+        if child != 0:
+            serve_as_init(child)
+    return become_child(cfg)
