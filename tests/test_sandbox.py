@@ -330,6 +330,36 @@ def test_reference_solutions_and_run_stores_are_invisible():
         shutil.rmtree(run_dir)
 
 
+def _cheat(name: str, variant: int) -> str:
+    """What a hostile policy submitted: the project's own reference solution."""
+    return (
+        f"import sys\nsys.path.insert(0, {str(PROJECT)!r})\n"
+        "from offline_agent.envs.python_problems import PROBLEMS\n"
+        f"_p = next(p for p in PROBLEMS if p.name == {name!r})\n"
+        f"exec(_p.source(_p.variants[{variant}]))\n"
+    )
+
+
+@needs("private_fs")
+def test_submitting_the_reference_solution_by_import_earns_nothing(monkeypatch):
+    from offline_agent.envs.python_problems import PROBLEMS
+    from offline_agent.envs.python_tasks import PythonTasks, make_task
+
+    def submit(iso) -> list[float]:
+        monkeypatch.setattr(sandbox, "probe_isolation", lambda: iso)
+        env = PythonTasks(allow_weaker_sandbox=True)
+        rewards = []
+        for problem in PROBLEMS[:3]:
+            task = make_task(problem, 0, seed=0)
+            env.reset(task)
+            code = _cheat(problem.name, task.data["variant"])
+            rewards.append(env.act(f"submit[{code}]")[1].reward)
+        return rewards
+
+    assert submit(ISO) == [0.0, 0.0, 0.0]
+    assert submit(WITHOUT_FS) == [1.0, 1.0, 1.0]  # the exploit the issue reports
+
+
 def _proc_code() -> str:
     return (
         "import os\n"
