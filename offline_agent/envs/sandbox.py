@@ -218,10 +218,11 @@ def require_isolation(allow_weaker: bool = False, isolation: Isolation | None = 
     iso = isolation or probe_isolation()
     if iso.missing():
         if not allow_weaker:
+            needs = "; ".join(f"{k} (needs {LAYER_NEEDS[k]})" for k in iso.missing())
             raise SandboxError(
-                f"sandbox layers missing here: {', '.join(iso.missing())} "
-                f"(see sandbox_report()); refusing to run untrusted code; set "
-                f"allow_weaker=True (python env kwarg: allow_weaker_sandbox) to run anyway"
+                f"refusing to run untrusted code: this machine lacks sandbox layers: {needs}. "
+                f"To run anyway with less isolation, set allow_weaker=True "
+                f"(python env: env.kwargs.allow_weaker_sandbox: true)"
             )
         _warn_weaker(tuple(iso.missing()))
     return iso
