@@ -11,10 +11,13 @@ already. `difference` names the first field that does not come back as it went i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
 from typing import Any
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 class StateError(TypeError):
@@ -23,11 +26,11 @@ class StateError(TypeError):
 
 def encode(value: Any, path: str = "state") -> Any:
     """`value` as JSON data; dataclasses become dicts of their fields, tuples lists."""
-    if value is None or isinstance(value, str | int | float):  # bool is an int
+    if type(value) in _SCALARS or isinstance(value, str | int | float):  # bool is an int
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: encode(getattr(value, f.name), f"{path}.{f.name}")
-                for f in dataclasses.fields(value)}
+        return {name: encode(getattr(value, name), f"{path}.{name}")
+                for name in _field_names(type(value))}
     if isinstance(value, list | tuple):
         return [encode(v, f"{path}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict):
@@ -45,12 +48,8 @@ def decode(hint: Any, data: Any) -> Any:
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         if not isinstance(data, dict):
             raise StateError(f"{hint.__name__} needs a JSON object, got {type(data).__name__}")
-        try:
-            hints = typing.get_type_hints(hint)
-        except NameError as e:
-            raise StateError(f"{hint.__name__}'s field types cannot be resolved: {e}") from None
-        return hint(**{f.name: decode(hints[f.name], data[f.name])
-                       for f in dataclasses.fields(hint) if f.init and f.name in data})
+        return hint(**{name: decode(kind, data[name])
+                       for name, kind in _init_fields(hint) if name in data})
     origin, args = typing.get_origin(hint) or hint, typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in args if a is not type(None)]
@@ -65,6 +64,21 @@ def decode(hint: Any, data: Any) -> Any:
     return _copy(data)
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _init_fields(cls: type) -> list[tuple[str, Any]]:
+    """(name, type hint) of a dataclass's init fields; resolving hints is slow, so once."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except NameError as e:
+        raise StateError(f"{cls.__name__}'s field types cannot be resolved: {e}") from None
+    return [(f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.init]
+
+
 def _copy(data: Any) -> Any:
     if isinstance(data, list):
         return [_copy(v) for v in data]
@@ -77,9 +91,11 @@ def difference(before: Any, after: Any, path: str = "state") -> str | None:
     """Where `after` (a round-tripped value) differs from `before`, as one line; None if equal."""
     if type(before) is not type(after):
         return f"{path} is a {type(before).__name__} and comes back a {type(after).__name__}"
+    if type(before) in _SCALARS and before == after:
+        return None
     if dataclasses.is_dataclass(before):
-        pairs = [(f".{f.name}", getattr(before, f.name), getattr(after, f.name))
-                 for f in dataclasses.fields(before)]
+        pairs = [(f".{name}", getattr(before, name), getattr(after, name))
+                 for name in _field_names(type(before))]
     elif isinstance(before, list | tuple) and len(before) == len(after):
         pairs = [(f"[{i}]", b, a) for i, (b, a) in enumerate(zip(before, after))]
     elif isinstance(before, dict) and before.keys() == after.keys():
