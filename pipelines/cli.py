@@ -1,7 +1,8 @@
 """offline-agent: run the pipeline, inspect a run, merge shard runs.
 
-User mistakes (bad config key, changed config, run in use) end with one line on stderr and
-exit code 2; a traceback means a bug or a failing stage.
+User mistakes (bad config key, changed config, run in use, a file that is not a store, an env
+whose state cannot be snapshot) end with one line on stderr and exit code 2, having changed
+nothing they were not asked to; a traceback means a bug or a failing stage.
 """
 
 from __future__ import annotations

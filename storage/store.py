@@ -97,8 +97,12 @@ class Store:
         except duckdb.Error as e:
             raise _open_error(e, self.path) from None
         self._depth = 0  # transaction nesting
-        self._migrate()
-        self._columns, self._keys = self._describe()
+        try:
+            self._migrate()
+            self._columns, self._keys = self._describe()
+        except BaseException:  # e.g. another program's file: let go of it at once
+            self.con.close()
+            raise
 
     # ---- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
