@@ -1,4 +1,4 @@
-"""Pickled env snapshots of stores made before schema v4, turned into JSON data once.
+"""Pickled env snapshots of stores made before schema v5, turned into JSON data once.
 
 Loading a pickle can run any code, so this is the one place that loads one, and only for the
 user's own run: the runner calls it when `offline-agent run` opens its run directory, whose

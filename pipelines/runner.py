@@ -98,7 +98,15 @@ def run(
         os.replace(tmp, run_dir / "config.yaml")
         store.record_run(cfg.to_dict())
         progress = Progress(run_dir)
-        results = {s.name: _run_stage(s, cfg, run_dir, store, progress) for s in todo}
+        results, sharded = {}, False
+        for s in todo:
+            sharded = sharded or s.shard(cfg) not in ("", "0/1")
+            if sharded and s.shard(cfg) == "":
+                print(f"stage {s.name}: needs every shard's results; skipped in a shard run "
+                      "(merge the shards, then run on the merged directory)", flush=True)
+                results[s.name] = {"status": "held"}
+                continue
+            results[s.name] = _run_stage(s, cfg, run_dir, store, progress)
         progress.status("finished")
     return results
 
@@ -162,7 +170,7 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
 
 
 def _convert_pickles(cfg: RunConfig, store: Store) -> None:
-    """A store made before schema v4 holds pickled env snapshots; this is the user's own run,
+    """A store made before schema v5 holds pickled env snapshots; this is the user's own run,
     so they are read once here and re-stored as JSON data (merge never reads pickles)."""
     from offline_agent.envs.base import load_env
     from pipelines.legacy_snapshots import convert_pickled_snapshots
@@ -170,7 +178,7 @@ def _convert_pickles(cfg: RunConfig, store: Store) -> None:
     n = convert_pickled_snapshots(
         store, lambda: load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs))
     if n:
-        print(f"store: {n} pickled env snapshots (made before schema v4) re-stored as JSON data",
+        print(f"store: {n} pickled env snapshots (made before schema v5) re-stored as JSON data",
               flush=True)
 
 

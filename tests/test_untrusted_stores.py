@@ -2,7 +2,7 @@
 
 A crafted shard whose snapshot bytes would run code on load is refused by merge (the code
 does not run); a shard whose snapshots are crafted JSON data is merged and resumed as data.
-A store made before schema v4 (pickled snapshots) is converted when its owner opens it as a
+A store made before schema v5 (pickled snapshots) is converted when its owner opens it as a
 run: the JSON it gets equals what this code stores, and search resumes from it.
 """
 
@@ -121,7 +121,7 @@ def test_crafted_json_snapshot_is_merged_and_resumed_as_data(tmp_path, tiny_mode
     assert not marker.exists()
 
 
-# ---- a store made before schema v4, opened by its owner ---------------------------------------
+# ---- a store made before schema v5, opened by its owner ---------------------------------------
 MINISHOP = """\
 model: {{id: {model}, device: cpu, prefix_cache_gb: 0}}
 env: {{name: minishop, kwargs: {{max_steps: 3, num_products: 300}}, train_tasks: 2, test_tasks: 1}}
@@ -129,19 +129,22 @@ search: {{simulations: 2, k: 2, max_depth: 2, trees_per_batch: 2}}
 """
 
 
-def as_schema_v3(new: Path, old: Path, make_env) -> int:
-    """Copy a store into one as schema version 3 wrote it: snapshots pickled the way
+PICKLED = 4  # the last schema version whose snapshots were pickles
+
+
+def as_pickled_store(new: Path, old: Path, make_env) -> int:
+    """Copy a store into one as schema version PICKLED wrote it: snapshots pickled the way
     Env.snapshot did then, `pickle.dumps((task, num_steps, state))`. Returns nodes copied."""
     env = make_env()
     con = duckdb.connect(str(old))
-    for statements in MIGRATIONS[:3]:
+    for statements in MIGRATIONS[:PICKLED]:
         for sql in statements:
             con.execute(sql)
     con.execute(f"ATTACH '{new}' AS new (READ_ONLY)")
     for (table,) in con.execute("SELECT table_name FROM information_schema.tables "
                                 "WHERE table_catalog = 'new' AND table_name != 'nodes'").fetchall():
         con.execute(f"INSERT INTO {table} SELECT * FROM new.{table}")
-    con.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(PICKLED)])
     columns = [c for (c,) in con.execute(
         "SELECT column_name FROM information_schema.columns "
         "WHERE table_catalog = current_database() AND table_name = 'nodes'").fetchall()]
@@ -163,7 +166,7 @@ def _sql_value(value):
     return json.dumps(value) if isinstance(value, dict) else value
 
 
-def test_store_from_before_v4_is_converted_when_opened_as_own_run(tmp_path, tiny_model_dir,
+def test_store_from_before_v5_is_converted_when_opened_as_own_run(tmp_path, tiny_model_dir,
                                                                   capsys):
     config = tmp_path / "c.yaml"
     config.write_text(MINISHOP.format(model=tiny_model_dir))
@@ -171,7 +174,7 @@ def test_store_from_before_v4_is_converted_when_opened_as_own_run(tmp_path, tiny
     assert main(["run", str(config), "--run-dir", str(new), "--until", "search"]) == 0
     old = tmp_path / "old"
     old.mkdir()
-    n = as_schema_v3(new / "store.duckdb", old / "store.duckdb",
+    n = as_pickled_store(new / "store.duckdb", old / "store.duckdb",
                      lambda: load_env("minishop", seed=0, max_steps=3, num_products=300))
     assert n > 2
     con = duckdb.connect(str(old / "store.duckdb"))  # unfinished, so the run resumes it
@@ -184,7 +187,7 @@ def test_store_from_before_v4_is_converted_when_opened_as_own_run(tmp_path, tiny
 
     assert main(["run", str(config), "--run-dir", str(old), "--until", "search"]) == 0
     out = capsys.readouterr().out
-    assert f"store: {n} pickled env snapshots (made before schema v4) re-stored as JSON" in out
+    assert f"store: {n} pickled env snapshots (made before schema v5) re-stored as JSON" in out
     assert "trees_resumed': 2" in out
 
     def snapshots(run_dir: Path) -> dict:
