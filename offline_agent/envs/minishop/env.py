@@ -101,6 +101,7 @@ class MiniShop(Env):
     name = "minishop"
     tools = TOOLS
     stop = ["\n"]  # the model likes to write a fake "Store: ..." line after its action
+    state_type = ShopState  # snapshots rebuild it from JSON (tuples stay tuples)
 
     def __init__(
         self,
