@@ -87,7 +87,7 @@ def run(
     """Run the planned stages in order; returns {stage: {"status", "stats", ...}}."""
     run_dir = Path(run_dir)
     todo = plan(stages, until, only)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # its store holds hidden tests
     with Store(run_dir / "store.duckdb") as store:  # refuses a file that is not a store
         _check_config(cfg, stages, store, run_dir, force)
         if only:
