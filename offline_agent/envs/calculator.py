@@ -14,7 +14,7 @@ import operator
 import random
 
 from offline_agent.envs.base import ActionError, Env, StepResult
-from offline_agent.types import Task, ToolCall
+from offline_agent.types import Message, Task, ToolCall
 
 MAX_MAGNITUDE = 1e15  # any intermediate value beyond this is refused
 MAX_EXPONENT = 64
@@ -323,6 +323,21 @@ class CalculatorMath(Env):
             "answer[84]"
         )
 
+    def demonstration(self) -> list[Message]:
+        """One solved level-1 train problem as chat turns: calculate, read the result, answer.
+        Without it the 135M model restates the question (1 valid action in 16)."""
+        demo_env = CalculatorMath(seed=self.seed, levels=(1,))
+        task = demo_env.tasks("train", 1)[0]
+        turns = [Message("user", f"{task.instruction}\n\n{demo_env.reset(task)}")]
+        expression = task.data["expression"]
+        for text in (f"calculate[{expression}]", f"answer[{format_number(evaluate(expression))}]"):
+            call, result = demo_env.act(text)
+            turns += [Message("assistant", text, tool_calls=[call] if call else None),
+                      Message("tool", result.observation)]
+        if result.reward != 1.0:
+            raise RuntimeError("the scripted math demonstration did not succeed")
+        return turns
+
     def _reset(self, task: Task) -> str:
         self.state = {"answered": None}
         return "Use calculate[...] for arithmetic, then answer[...] with the final number."
@@ -337,6 +352,8 @@ class CalculatorMath(Env):
         value = call.arguments["value"]
         if isinstance(value, bool):
             raise ActionError("answer.value must be a number, not true/false")
+        if abs(value) > MAX_MAGNITUDE or not math.isfinite(value):  # isfinite(10**400) raises
+            raise ActionError(f"answer.value is out of range (limit {MAX_MAGNITUDE:g})")
         self.state = {"answered": value}
         correct = is_correct(value, self.task.data["answer"])
         return StepResult(

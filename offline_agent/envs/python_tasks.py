@@ -9,6 +9,7 @@ Train and test hold disjoint problems (split by a hash of the function name).
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -20,12 +21,16 @@ from typing import Any
 from offline_agent.envs.base import ActionError, Env, StepResult
 from offline_agent.envs.python_problems import PROBLEMS, Problem
 from offline_agent.envs.sandbox import run_python
-from offline_agent.types import Task, ToolCall
+from offline_agent.types import Message, Task, ToolCall
 
+DEMO_PROBLEM = "count_evens"  # a short train problem solved in the demonstration
 HIDDEN_RANDOM = 5  # random hidden tests per task, on top of the problem's edge cases
 PER_TEST_S = 0.5  # alarm per test call, so one endless case does not zero the others
 TEST_BUCKETS = 4  # a problem is held out when hash(name) % TEST_BUCKETS == 0
 MARKER = "@@oa-results@@"
+REPORT_FIELD_CHARS = 500  # the harness cuts every field of its report to this
+_INVALID = object()  # what _loads returns for text that is not (safe) JSON
+_DEMOS: dict[int, list[Message]] = {}  # seed -> demonstration turns
 
 # Runs in the sandbox after `PAYLOAD = '<json>'`: executes the code, calls the function on
 # each argument list, prints one marker line with the JSON-encoded return values.
@@ -52,7 +57,7 @@ with contextlib.redirect_stdout(out):
     try:
         exec(compile(P["code"], "solution.py", "exec"), ns)
     except SyntaxError as e:
-        res["error"] = "SyntaxError: %s (line %s)" % (e.msg, e.lineno)
+        res["error"] = ("SyntaxError: %s (line %s)" % (e.msg, e.lineno))[:200]
     except BaseException as e:
         res["error"] = _error(e)[1]
     finally:
@@ -123,14 +128,13 @@ def run_cases(code: str, name: str, cases: list[list]) -> Report:
 
 def _parse_results(line: str, n_cases: int) -> dict | None:
     """The harness's report, or None if it is malformed (the code may have forged or broken it)."""
-    try:
-        res = json.loads(line)
-    except ValueError:
+    res = _loads(line)
+    if res is _INVALID:
         return None
     if not (
         isinstance(res, dict)
-        and isinstance(res.get("error"), (str, type(None)))
-        and isinstance(res.get("stdout"), str)
+        and (res.get("error") is None or _short_text(res["error"]))
+        and _short_text(res.get("stdout"))
         and isinstance(res.get("results"), list)
         and (res["error"] is not None or len(res["results"]) == n_cases)
         and all(_valid_result(r) for r in res["results"])
@@ -140,16 +144,23 @@ def _parse_results(line: str, n_cases: int) -> dict | None:
 
 
 def _valid_result(r: object) -> bool:
-    if not (
-        isinstance(r, list) and len(r) == 2 and r[0] in ("ok", "error") and isinstance(r[1], str)
-    ):
+    if not (isinstance(r, list) and len(r) == 2 and r[0] in ("ok", "error") and _short_text(r[1])):
         return False
-    if r[0] == "ok":
-        try:
-            json.loads(r[1])
-        except ValueError:
-            return False
-    return True
+    return r[0] == "error" or _loads(r[1]) is not _INVALID
+
+
+def _short_text(value: object) -> bool:
+    """A string no longer than the harness ever writes (it cuts every field to 500)."""
+    return isinstance(value, str) and len(value) <= REPORT_FIELD_CHARS
+
+
+def _loads(text: str) -> Any:
+    """JSON from the sandbox's report line, or _INVALID where the code broke or forged it
+    (not JSON, nested too deeply, an integer of more than 4,300 digits)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return _INVALID
 
 
 def _short(text: str, limit: int = 120) -> str:
@@ -275,6 +286,24 @@ class PythonTasks(Env):
             "submit[def double(x):\n"
             "    return x * 2]"
         )
+
+    def demonstration(self) -> list[Message]:
+        """One solved train problem as chat turns: run_tests, read the passes, submit.
+        Without it the 135M model writes a fenced function and no tool name (0 valid of 4)."""
+        if self.seed not in _DEMOS:  # runs the sandbox twice: once per process and seed
+            problem = next(p for p in PROBLEMS if p.name == DEMO_PROBLEM)
+            task = make_task(problem, 0, self.seed)
+            demo_env = copy.copy(self)  # same settings (sandbox), its own episode
+            turns = [Message("user", f"{task.instruction}\n\n{demo_env.reset(task)}")]
+            code = f"{problem.signature}\n{problem.solution}"
+            for text in (f"run_tests[{code}]", f"submit[{code}]"):
+                call, result = demo_env.act(text)
+                turns += [Message("assistant", text, tool_calls=[call] if call else None),
+                          Message("tool", result.observation)]
+            if result.reward != 1.0:
+                raise RuntimeError(f"the scripted Python demonstration failed: {result.observation}")
+            _DEMOS[self.seed] = turns
+        return _DEMOS[self.seed]
 
     def _reset(self, task: Task) -> str:
         self.state = {"submitted": False}
