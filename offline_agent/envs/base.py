@@ -8,6 +8,7 @@ becomes an observation that says what was wrong, counts as a step and is flagged
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import pickle
@@ -45,6 +46,7 @@ class Env(ABC):
     stop: list[str] = ["\n\n"]  # where a policy reply is cut: one action per reply
     max_action_tokens: int = 48  # token budget of one reply
     max_parse_chars: int = 20_000  # only this much of a reply is parsed (bounds hostile text)
+    _demo_turns: list[Message] | None = None  # demonstration(), once played
 
     def __init__(self, max_steps: int = 10, seed: int = 0):
         self.max_steps = max_steps
@@ -70,11 +72,21 @@ class Env(ABC):
     def _execute(self, call: ToolCall) -> StepResult:
         """Run a parsed, schema-checked call. Raise ActionError for bad arguments."""
 
+    def demo_episode(self) -> tuple[Task, list[str]] | None:
+        """A task and the action texts that solve it, shown to the policy as a worked
+        episode (see `demonstration`); None for no demonstration. Small models copy the
+        format of real turns far better than of prompt text."""
+        return None
+
     def demonstration(self) -> list[Message]:
-        """A worked episode as chat turns (user, assistant, tool, ...) shown after the system
-        prompt. Small models copy the format of real turns far better than of prompt text;
-        every prompt shares it, so the policy's prefix cache makes it nearly free."""
-        return []
+        """`demo_episode()` played and rendered as chat turns (user, assistant, tool, ...)
+        shown after the system prompt; every prompt shares it, so the policy's prefix cache
+        makes it nearly free. Played once per env object, on a shallow copy of it (same
+        settings, its own episode); raises if it does not reach reward 1."""
+        if self._demo_turns is None:
+            episode = self.demo_episode()
+            self._demo_turns = [] if episode is None else _play_demo(copy.copy(self), *episode)
+        return self._demo_turns
 
     def available_actions(self) -> list[str]:
         """The concrete actions the current state offers, as action text (a page's links and
@@ -186,6 +198,19 @@ def _size(value: Any) -> int:
 def short(text: str, limit: int = ECHO_CHARS) -> str:
     """`text` cut to `limit` characters, for echoing model text back in an observation."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _play_demo(env: Env, task: Task, actions: list[str]) -> list[Message]:
+    turns = [Message("user", "\n\n".join(p for p in (task.instruction, env.reset(task)) if p))]
+    result = None
+    for text in actions:
+        call, result = env.act(text)
+        turns += [Message("assistant", text, tool_calls=[call] if call else None),
+                  Message("tool", result.observation)]
+    if result is None or not result.done or result.reward != 1.0:
+        raise RuntimeError(f"{type(env).__name__}'s demonstration does not reach reward 1 "
+                           f"(last observation: {result.observation[:200] if result else None!r})")
+    return turns
 
 
 BUILTIN_ENVS = {

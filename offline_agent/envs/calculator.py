@@ -14,7 +14,7 @@ import operator
 import random
 
 from offline_agent.envs.base import ActionError, Env, StepResult
-from offline_agent.types import Message, Task, ToolCall
+from offline_agent.types import Task, ToolCall
 
 MAX_MAGNITUDE = 1e15  # any intermediate value beyond this is refused
 MAX_EXPONENT = 64
@@ -323,20 +323,12 @@ class CalculatorMath(Env):
             "answer[84]"
         )
 
-    def demonstration(self) -> list[Message]:
-        """One solved level-1 train problem as chat turns: calculate, read the result, answer.
+    def demo_episode(self) -> tuple[Task, list[str]]:
+        """The first level-1 train problem: calculate its expression, answer the result.
         Without it the 135M model restates the question (1 valid action in 16)."""
-        demo_env = CalculatorMath(seed=self.seed, levels=(1,))
-        task = demo_env.tasks("train", 1)[0]
-        turns = [Message("user", f"{task.instruction}\n\n{demo_env.reset(task)}")]
+        task = CalculatorMath(seed=self.seed, levels=(1,)).tasks("train", 1)[0]
         expression = task.data["expression"]
-        for text in (f"calculate[{expression}]", f"answer[{format_number(evaluate(expression))}]"):
-            call, result = demo_env.act(text)
-            turns += [Message("assistant", text, tool_calls=[call] if call else None),
-                      Message("tool", result.observation)]
-        if result.reward != 1.0:
-            raise RuntimeError("the scripted math demonstration did not succeed")
-        return turns
+        return task, [f"calculate[{expression}]", f"answer[{format_number(evaluate(expression))}]"]
 
     def _reset(self, task: Task) -> str:
         self.state = {"answered": None}

@@ -9,7 +9,6 @@ Train and test hold disjoint problems (split by a hash of the function name).
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import json
@@ -21,7 +20,7 @@ from typing import Any
 from offline_agent.envs.base import ActionError, Env, StepResult
 from offline_agent.envs.python_problems import PROBLEMS, Problem
 from offline_agent.envs.sandbox import run_python
-from offline_agent.types import Message, Task, ToolCall
+from offline_agent.types import Task, ToolCall
 
 DEMO_PROBLEM = "count_evens"  # a short train problem solved in the demonstration
 HIDDEN_RANDOM = 5  # random hidden tests per task, on top of the problem's edge cases
@@ -30,7 +29,6 @@ TEST_BUCKETS = 4  # a problem is held out when hash(name) % TEST_BUCKETS == 0
 MARKER = "@@oa-results@@"
 REPORT_FIELD_CHARS = 500  # the harness cuts every field of its report to this
 _INVALID = object()  # what _loads returns for text that is not (safe) JSON
-_DEMOS: dict[int, list[Message]] = {}  # seed -> demonstration turns
 
 # Runs in the sandbox after `PAYLOAD = '<json>'`: executes the code, calls the function on
 # each argument list, prints one marker line with the JSON-encoded return values.
@@ -287,23 +285,12 @@ class PythonTasks(Env):
             "    return x * 2]"
         )
 
-    def demonstration(self) -> list[Message]:
-        """One solved train problem as chat turns: run_tests, read the passes, submit.
+    def demo_episode(self) -> tuple[Task, list[str]]:
+        """A short train problem: run_tests with the reference code, then submit it.
         Without it the 135M model writes a fenced function and no tool name (0 valid of 4)."""
-        if self.seed not in _DEMOS:  # runs the sandbox twice: once per process and seed
-            problem = next(p for p in PROBLEMS if p.name == DEMO_PROBLEM)
-            task = make_task(problem, 0, self.seed)
-            demo_env = copy.copy(self)  # same settings (sandbox), its own episode
-            turns = [Message("user", f"{task.instruction}\n\n{demo_env.reset(task)}")]
-            code = f"{problem.signature}\n{problem.solution}"
-            for text in (f"run_tests[{code}]", f"submit[{code}]"):
-                call, result = demo_env.act(text)
-                turns += [Message("assistant", text, tool_calls=[call] if call else None),
-                          Message("tool", result.observation)]
-            if result.reward != 1.0:
-                raise RuntimeError(f"the scripted Python demonstration failed: {result.observation}")
-            _DEMOS[self.seed] = turns
-        return _DEMOS[self.seed]
+        problem = next(p for p in PROBLEMS if p.name == DEMO_PROBLEM)
+        code = f"{problem.signature}\n{problem.solution}"
+        return make_task(problem, 0, self.seed), [f"run_tests[{code}]", f"submit[{code}]"]
 
     def _reset(self, task: Task) -> str:
         self.state = {"submitted": False}
