@@ -153,3 +153,14 @@ def test_forged_reports_written_after_the_harness_count_as_a_crash(forged):
     )
     _, result = _submit(code, task)
     assert result.done and result.reward == 0 and "crashed" in result.observation
+
+
+def test_demonstration_runs_then_submits_a_train_problem():
+    env = PythonTasks()
+    task, actions = env.demo_episode()
+    turns = env.demonstration()
+    assert task.split == "train"
+    assert [m.role for m in turns] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert actions[0].startswith("run_tests[def ") and actions[1].startswith("submit[def ")
+    assert "tests passed" in turns[2].content
+    assert turns[-1].content == f"Submitted: {len(task.data['hidden'])}/{len(task.data['hidden'])} hidden tests passed."
