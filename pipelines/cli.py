@@ -12,11 +12,13 @@ from datetime import datetime
 from pathlib import Path
 
 from pipelines.config import ConfigError, RunConfig, help_lines
+from pipelines.export import ExportError
 from pipelines.progress import read_progress
 from pipelines.runner import RunError
 from storage import Store, StoreError, StoreInUse
 
-USER_ERRORS = (ConfigError, RunError, StoreError, FileNotFoundError, FileExistsError)
+USER_ERRORS = (ConfigError, RunError, StoreError, FileNotFoundError, FileExistsError,
+               ExportError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +76,22 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("shards", type=Path, nargs="+", metavar="SHARD_DIR",
                    help="run directories of the shards")
     m.set_defaults(func=cmd_merge)
+
+    e = sub.add_parser(
+        "export",
+        help="write a run's mined data as a Hugging Face dataset folder, or push it to the Hub",
+        description="Configs pairs (step level), trajectory_pairs, rft and hindsight in TRL's "
+        "conversational format, laid out as datasets.push_to_hub writes them (parquet under "
+        "data/, README.md card). --hub writes RUN_DIR/export and uploads it as one commit; the "
+        "token comes from HF_TOKEN or `hf auth login` and is never printed.",
+    )
+    e.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    where = e.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", type=Path, metavar="DIR", help="write the dataset folder here")
+    where.add_argument("--hub", metavar="REPO_ID", help="push to this Hub dataset repo")
+    e.add_argument("--private", action="store_true", help="create the Hub repo as private")
+    e.add_argument("--revision", metavar="BRANCH", help="push to this branch (created if new)")
+    e.set_defaults(func=cmd_export)
 
     t = sub.add_parser("tree", help="draw one task's search tree as an HTML page or GraphML",
                        description="HTML: a self-contained page (visits, Q and critic score per "
@@ -134,7 +152,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {row['stage'] + shard:<22} {status:<11} {took:>8}  {row['stats'] or ''}")
         counts = store.counts()
         print("rows: " + ", ".join(f"{t} {counts[t]}" for t in
-                                   ("tasks", "trees", "nodes", "trajectories", "pairs")))
+                                   ("tasks", "trees", "nodes", "trajectories", "pairs",
+                                    "examples")))
     return 0
 
 
@@ -169,6 +188,24 @@ def cmd_merge(args: argparse.Namespace) -> int:
     print("merged rows: " + ", ".join(f"{t} {n}" for t, n in added.items()))
     print(f"run directory: {args.out}  (continue with: offline-agent run CONFIG "
           f"--run-dir {args.out})")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from offline_agent.envs.base import load_env
+    from pipelines.export import export, push
+
+    if args.out and args.out.exists() and any(args.out.iterdir()):
+        raise FileExistsError(f"{args.out} exists and is not empty; export into a new folder")
+    cfg = RunConfig.load(args.run_dir / "config.yaml")
+    env = load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
+    out = args.out or args.run_dir / "export"
+    with Store(args.run_dir / "store.duckdb", read_only=True) as store:
+        counts = export(store, out, env.tools, cfg.to_dict())
+    print(f"dataset: {out}  rows: " + ", ".join(f"{c} {n}" for c, n in counts.items()))
+    if args.hub:
+        url = push(out, args.hub, args.private, args.revision)
+        print(f"pushed to {args.hub}: {url}")
     return 0
 
 

@@ -22,6 +22,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from offline_agent.envs.base import BUILTIN_ENVS
+from offline_agent.mining.config import MineConfig
 from offline_agent.policy.models import DEFAULT_MODEL
 from offline_agent.search.config import SearchConfig
 
@@ -104,6 +105,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    mine: MineConfig = field(default_factory=MineConfig)
 
     # ---- building ----------------------------------------------------------------------
     @classmethod

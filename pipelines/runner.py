@@ -97,7 +97,15 @@ def run(
         os.replace(tmp, run_dir / "config.yaml")
         store.record_run(cfg.to_dict())
         progress = Progress(run_dir)
-        results = {s.name: _run_stage(s, cfg, run_dir, store, progress) for s in todo}
+        results, sharded = {}, False
+        for s in todo:
+            sharded = sharded or s.shard(cfg) not in ("", "0/1")
+            if sharded and s.shard(cfg) == "":
+                print(f"stage {s.name}: needs every shard's results; skipped in a shard run "
+                      "(merge the shards, then run on the merged directory)", flush=True)
+                results[s.name] = {"status": "held"}
+                continue
+            results[s.name] = _run_stage(s, cfg, run_dir, store, progress)
         progress.status("finished")
     return results
 

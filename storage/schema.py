@@ -143,5 +143,9 @@ V3 = [
         PRIMARY KEY (policy, mode, task_id))""",
 ]
 
-MIGRATIONS: list[list[str]] = [V1, V2, V3]
+# search: a node keeps the env's StepResult.info (e.g. cut by the step limit), so trajectories
+# rebuilt from stored nodes keep it too
+V4 = ["ALTER TABLE nodes ADD COLUMN info JSON"]
+
+MIGRATIONS: list[list[str]] = [V1, V2, V3, V4]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -419,6 +419,105 @@ class Store:
     def insert_pairs(self, rows: Sequence[dict], stage: str) -> None:
         self._insert("pairs", rows, stage=stage)
 
+    def step_pairs(self, alpha: float, theta: float, min_visits: int, invalid_rejected: bool,
+                   per_node: int, per_task: int, total: int, edges: Sequence[float],
+                   seed: int) -> tuple[list[dict], dict[str, int]]:
+        """Step-level pairs of every stored tree, mined and balanced in one SQL pass.
+
+        The rules are offline_agent.mining.pairs.step_pairs (the oracle, in Python): sibling
+        Q = alpha*Q_mcts + (1-alpha)*critic, pairs with Q_w - Q_l >= theta, then caps per node,
+        per task and in all (0: none) taken round-robin over margin bins in a seeded md5 order.
+        Returns the kept pairs (task, node, chosen, rejected order) and counts per stage.
+        """
+        bin_sql = " + ".join(f"(margin >= {float(e)!r})::INTEGER" for e in edges) or "0"
+        p = {"alpha": alpha, "theta": theta, "min_visits": min_visits, "seed": str(seed),
+             "invalid": invalid_rejected, "per_node": per_node, "per_task": per_task,
+             "total": total or (1 << 62)}
+        self._sql(f"""CREATE OR REPLACE TEMP TABLE _step_pairs AS
+            WITH kids AS (
+                SELECT n.node_id, n.parent_id, n.invalid, tk.task_id, tk.env,
+                    n.terminal OR n.visits >= $min_visits AS counted,
+                    CASE WHEN n.terminal THEN coalesce(n.reward, 0.0)
+                         WHEN n.visits > 0 THEN n.value_sum / n.visits
+                         ELSE coalesce(n.ending, 0.0) END AS q_mcts,
+                    coalesce(n.critic_score,
+                             1.0 / count(*) OVER (PARTITION BY n.parent_id)) AS q_critic
+                FROM nodes n JOIN trees t USING (tree_id) JOIN tasks tk USING (task_id)
+                WHERE n.parent_id IS NOT NULL),
+            valued AS (
+                SELECT *, $alpha * q_mcts + (1 - $alpha) * q_critic AS q FROM kids
+                WHERE counted AND ($invalid OR NOT invalid)),
+            cand AS (
+                SELECT c.task_id, c.env, c.parent_id AS node_id, c.node_id AS chosen_id,
+                    r.node_id AS rejected_id, c.q AS chosen_q, r.q AS rejected_q,
+                    c.q - r.q AS margin,
+                    md5(concat($seed, ':', c.node_id, ':', r.node_id)) AS key
+                FROM valued c JOIN valued r
+                    ON c.parent_id = r.parent_id AND c.node_id <> r.node_id
+                WHERE NOT c.invalid AND c.q - r.q >= $theta),
+            binned AS (
+                SELECT *, {bin_sql} AS bin FROM cand),
+            node_ranked AS (
+                SELECT *, row_number() OVER (PARTITION BY node_id, bin ORDER BY key) AS rank
+                FROM binned),
+            by_node AS (
+                SELECT * EXCLUDE (rank) FROM node_ranked QUALIFY row_number() OVER (
+                    PARTITION BY node_id ORDER BY rank, bin, key) <= $per_node),
+            task_ranked AS (
+                SELECT *, row_number() OVER (PARTITION BY task_id, bin ORDER BY key) AS rank
+                FROM by_node),
+            by_task AS (
+                SELECT * EXCLUDE (rank) FROM task_ranked QUALIFY row_number() OVER (
+                    PARTITION BY task_id ORDER BY rank, bin, key) <= $per_task),
+            all_ranked AS (
+                SELECT *, row_number() OVER (PARTITION BY env, bin ORDER BY key) AS rank
+                FROM by_task)
+            SELECT *,
+                row_number() OVER (ORDER BY rank, env, bin, key) <= $total AS kept,
+                (SELECT count(*) FROM binned) AS n_candidates,
+                (SELECT count(*) FROM by_node) AS n_after_node_cap
+            FROM all_ranked""", p)
+        rows = self._sql("SELECT task_id, env, node_id, chosen_id, rejected_id, chosen_q, "
+                         "rejected_q, margin, bin FROM _step_pairs WHERE kept "
+                         "ORDER BY task_id, node_id, chosen_id, rejected_id")
+        names = ("task_id", "env", "node_id", "chosen_id", "rejected_id", "chosen_q",
+                 "rejected_q", "margin", "bin")
+        counts = self._sql("SELECT any_value(n_candidates), any_value(n_after_node_cap), "
+                           "count(*), count(*) FILTER (kept) FROM _step_pairs")[0]
+        self._sql("DROP TABLE _step_pairs")
+        stats = dict(zip(("candidates", "after_node_cap", "after_task_cap", "kept"),
+                         [c or 0 for c in counts]))
+        return [dict(zip(names, r)) for r in rows], stats
+
+    def step_pair_rows(self) -> list[dict]:
+        """The node rows step mining reads, with their task and env (for the Python oracle)."""
+        return self._select("nodes", """SELECT n.node_id, n.parent_id, n.visits, n.value_sum,
+            n.critic_score, n.reward, n.ending, n.terminal, n.invalid, tk.task_id, tk.env
+            FROM nodes n JOIN trees t USING (tree_id) JOIN tasks tk USING (task_id)
+            ORDER BY n.node_id""")
+
+    def tree_edges(self, tree_ids: Sequence[int]) -> list[dict]:
+        """Nodes of the given trees without their snapshots: what message building needs."""
+        if not tree_ids:
+            return []
+        return self._select("nodes", """SELECT node_id, tree_id, parent_id, depth, action,
+            tool_call, observation, reward, terminal, invalid, info FROM nodes
+            WHERE tree_id IN (SELECT unnest($ids)) ORDER BY node_id""",
+                            {"ids": [int(t) for t in tree_ids]})
+
+    def pairs(self, kind: str | None = None) -> list[dict]:
+        """Mined pairs (kind "step" | "trajectory"; all when None), in id order."""
+        where, params = ("WHERE kind = ?", [kind]) if kind else ("", [])
+        return self._select("pairs", f"SELECT * FROM pairs {where} ORDER BY pair_id", params)
+
+    def insert_examples(self, rows: Sequence[dict], stage: str) -> None:
+        self._insert("examples", rows, stage=stage)
+
+    def examples(self, kinds: Sequence[str] = ("rft", "hindsight")) -> list[dict]:
+        """SFT examples of the given kinds (rft: successes; hindsight: relabeled), id order."""
+        return self._select("examples", "SELECT * FROM examples WHERE kind IN "
+                            "(SELECT unnest($kinds)) ORDER BY example_id", {"kinds": list(kinds)})
+
     def counts(self) -> dict[str, int]:
         """Rows per table (meta excluded)."""
         return {

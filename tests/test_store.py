@@ -10,7 +10,6 @@ import duckdb
 import pytest
 
 from offline_agent.types import Task
-from storage.schema import MIGRATIONS
 from storage import (
     SCHEMA_VERSION,
     MergeConflict,
@@ -19,6 +18,7 @@ from storage import (
     StoreInUse,
     make_node_id,
 )
+from storage.schema import MIGRATIONS
 
 
 def nodes(tree_id: int, n: int) -> list[dict]:

@@ -1,0 +1,1 @@
+"""Mining: search trees and trajectories -> preference pairs, RFT and hindsight examples."""

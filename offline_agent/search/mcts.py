@@ -49,6 +49,7 @@ class Node:
     critic_rank: int | None = None  # 0 = the critic's favourite among its siblings
     critic_score: float | None = None  # in [0, 1]; siblings' scores sum to 1
     ending: float | None = None  # best reward of a listed action that ends the episode here
+    info: dict = field(default_factory=dict)  # the env's StepResult.info (e.g. truncated)
     snapshot: bytes = b""  # env state after this step, so search branches without replay
     created_sim: int = 0
     children: list[int] = field(default_factory=list)
@@ -85,7 +86,7 @@ class Tree:
         """The agent steps that lead from the root to `node`."""
         return [
             Step(action=n.action, observation=n.observation, tool_call=n.tool_call,
-                 reward=n.reward, done=n.terminal, invalid=n.invalid)
+                 reward=n.reward, done=n.terminal, invalid=n.invalid, info=n.info)
             for n in self.path(node)[1:]
         ]
 
@@ -220,7 +221,8 @@ def finishing_steps(env: Env) -> list[tuple[Step, bytes]]:
         call, result = env.act(text)
         if result.done and not result.info.get("truncated"):
             out.append((Step(action=text, observation=result.observation, tool_call=call,
-                             reward=result.reward, done=True), env.snapshot()))
+                             reward=result.reward, done=True, info=result.info),
+                        env.snapshot()))
         env.restore(here)
     return out
 
@@ -306,7 +308,7 @@ def simulate(
             child = tree.add_child(
                 node, action=text, tool_call=call, observation=result.observation,
                 reward=result.reward, invalid=result.invalid, created_sim=sim, ending=ending,
-                terminal=result.done or last, snapshot=snapshot,
+                terminal=result.done or last, snapshot=snapshot, info=result.info,
             )
             new_nodes.append(child.id)
         children = [tree.nodes[i] for i in new_nodes]
@@ -336,7 +338,8 @@ def simulate(
             (text,) = yield Sample(task, first_obs, steps, [cfg.rollout_temperature], seed)
             call, result = env.act(text)
             steps.append(Step(action=text, observation=result.observation, tool_call=call,
-                              reward=result.reward, done=result.done, invalid=result.invalid))
+                              reward=result.reward, done=result.done, invalid=result.invalid,
+                              info=result.info))
             if result.done:
                 break
         endings.append((steps[-1].reward if steps[-1].done else 0.0, steps, env.snapshot()))

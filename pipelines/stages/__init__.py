@@ -6,6 +6,8 @@ Stage modules import heavy libraries (torch, transformers) inside their function
 
 from pipelines.runner import Stage
 from pipelines.stages.baseline import run_baseline
+from pipelines.stages.export import run_export
+from pipelines.stages.mine import run_mine
 from pipelines.stages.search import run_search
 from pipelines.stages.tasks import run_tasks
 
@@ -18,5 +20,6 @@ STAGES: list[Stage] = [
     Stage("tasks", ("run", "env"), run_tasks),
     Stage("baseline", ("run", "env", "model"), run_baseline, shard=search_shard),
     Stage("search", ("run", "env", "model", "search"), run_search, shard=search_shard),
-    # then mine, export, train, grpo, eval, report (their issues).
+    Stage("mine", ("run", "env", "model", "search", "mine"), run_mine),
+    Stage("export", ("run", "env", "model", "search", "mine"), run_export),
 ]

@@ -35,6 +35,7 @@ def node_row(tree_id: int, node: Node) -> dict:
         "terminal": node.terminal,
         "invalid": node.invalid,
         "env_snapshot": node.snapshot,
+        "info": node.info or None,
         "created_sim": node.created_sim,
     }
 
@@ -54,7 +55,7 @@ def tree_from_rows(task: Task, rows: list[dict], simulations_done: int) -> Tree:
             terminal=r["terminal"], invalid=r["invalid"], visits=r["visits"],
             value_sum=r["value_sum"], critic_rank=r["critic_rank"],
             critic_score=r["critic_score"], ending=r["ending"], snapshot=r["env_snapshot"] or b"",
-            created_sim=r["created_sim"] or 0,
+            created_sim=r["created_sim"] or 0, info=r["info"] or {},
         ))
         if parent is not None:
             nodes[parent].children.append(local)

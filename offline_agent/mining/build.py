@@ -1,0 +1,66 @@
+"""Stored rows -> chat conversations in TRL's format (what the policy saw, turn by turn).
+
+Every conversation starts as the policy's prompts did (offline_agent.chat.history_messages:
+system prompt, the env's demonstration, instruction + first observation), so a pair's
+prompt is exactly the context its actions were sampled in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from offline_agent.chat import history_messages, to_chat_dicts
+from offline_agent.types import Message, Step, ToolCall
+
+
+@dataclass
+class Context:
+    """What every conversation of one env starts with."""
+
+    system: str
+    demo: list[Message]
+
+    def messages(self, instruction: str, first_observation: str, steps: list[Step]) -> list[dict]:
+        return to_chat_dicts(history_messages(self.system, instruction, first_observation,
+                                              steps, self.demo))
+
+    def prompt_len(self) -> int:
+        """Messages before the first action: system, demonstration, user."""
+        return 2 + len(self.demo)
+
+
+def node_step(row: dict) -> Step:
+    call = row["tool_call"]
+    return Step(action=row["action"] or "", observation=row["observation"] or "",
+                tool_call=ToolCall(**call) if call else None, reward=row["reward"] or 0.0,
+                done=row["terminal"], invalid=row["invalid"], info=row["info"] or {})
+
+
+def path_steps(nodes: dict[int, dict], node_id: int) -> tuple[str, list[Step]]:
+    """(root observation, the steps from the root down to `node_id`) of a stored tree."""
+    path = []
+    row = nodes[node_id]
+    while row["parent_id"] is not None:
+        path.append(node_step(row))
+        row = nodes[row["parent_id"]]
+    return row["observation"] or "", path[::-1]
+
+
+def step_pair_messages(ctx: Context, instruction: str, nodes: dict[int, dict], node_id: int,
+                       chosen_id: int, rejected_id: int) -> tuple[list, list, list]:
+    """(prompt, [chosen assistant turn], [rejected assistant turn]) of a step pair."""
+    first, steps = path_steps(nodes, node_id)
+    prompt = ctx.messages(instruction, first, steps)
+    turn = [to_chat_dicts([Message("assistant", nodes[i]["action"] or "",
+                                   [node_step(nodes[i]).tool_call]
+                                   if nodes[i]["tool_call"] else None)])
+            for i in (chosen_id, rejected_id)]
+    return prompt, turn[0], turn[1]
+
+
+def episode_messages(ctx: Context, instruction: str, first_observation: str,
+                     steps: list[Step]) -> tuple[list, list]:
+    """(prompt, completion) of a whole episode: the completion alternates actions and
+    observations (tool turns), which training masks out."""
+    full = ctx.messages(instruction, first_observation, steps)
+    return full[: ctx.prompt_len()], full[ctx.prompt_len():]

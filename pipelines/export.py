@@ -1,0 +1,194 @@
+"""Export the mined data as a Hugging Face dataset folder, and push it to the Hub.
+
+The folder is laid out as `datasets.push_to_hub(repo, config_name=C, data_dir=f"data/{C}")`
+writes it: `data/<config>/train-0000i-of-0000n.parquet` per config and a README.md whose YAML
+`configs:` header lets `datasets.load_dataset(folder_or_repo, C)` find each config. Columns
+are TRL's conversational format (docs/data.md lists every one): `trl.DPOTrainer` reads the
+pair configs and `trl.SFTTrainer` the example configs unchanged.
+
+Tool calls follow the OpenAI convention, `arguments` a JSON string, and `tools` is a JSON
+string (TRL parses both), so every row has one Arrow schema whatever the tools' arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from storage import Store
+
+ROWS_PER_SHARD = 10_000
+CONFIGS = ("pairs", "trajectory_pairs", "rft", "hindsight")
+
+_CALL = pa.struct([("type", pa.string()),
+                   ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()),
+                     ("tool_calls", pa.list_(_CALL))])
+MESSAGES = pa.list_(MESSAGE)
+_COMMON = [("tools", pa.string()), ("run_id", pa.string()), ("task_id", pa.string()),
+           ("env", pa.string())]
+SCHEMAS = {
+    "pairs": pa.schema([("prompt", MESSAGES), ("chosen", MESSAGES), ("rejected", MESSAGES),
+                        *_COMMON, ("kind", pa.string()), ("node_id", pa.int64()),
+                        ("chosen_node", pa.int64()), ("rejected_node", pa.int64()),
+                        ("chosen_q", pa.float64()), ("rejected_q", pa.float64()),
+                        ("margin", pa.float64())]),
+    "trajectory_pairs": pa.schema([("prompt", MESSAGES), ("chosen", MESSAGES),
+                                   ("rejected", MESSAGES), *_COMMON, ("kind", pa.string()),
+                                   ("chosen_traj", pa.int64()), ("rejected_traj", pa.int64()),
+                                   ("chosen_q", pa.float64()), ("rejected_q", pa.float64()),
+                                   ("margin", pa.float64())]),
+    "rft": pa.schema([("messages", MESSAGES), *_COMMON, ("kind", pa.string()),
+                      ("instruction", pa.string()), ("source_traj", pa.int64()),
+                      ("reward", pa.float64())]),
+    "hindsight": pa.schema([("messages", MESSAGES), *_COMMON, ("instruction", pa.string()),
+                            ("source_task_id", pa.string()), ("source_traj", pa.int64()),
+                            ("source_reward", pa.float64())]),
+}
+
+
+class ExportError(RuntimeError):
+    """An export that cannot be done as asked (nothing mined, target exists, Hub refused)."""
+
+
+def openai_messages(messages: list[dict]) -> list[dict]:
+    """Chat dicts with every tool call's arguments as a JSON string."""
+    out = []
+    for m in messages:
+        calls = [{"type": "function",
+                  "function": {"name": c["function"]["name"],
+                               "arguments": json.dumps(c["function"]["arguments"])}}
+                 for c in m.get("tool_calls") or []]
+        out.append({"role": m["role"], "content": m["content"], "tool_calls": calls or None})
+    return out
+
+
+def config_rows(store: Store, tools: str, include_hindsight_in_rft: bool) -> dict[str, list]:
+    """Every config's rows, from the store's pairs and examples tables."""
+    run_id = store.run_id
+    rows: dict[str, list] = {c: [] for c in CONFIGS}
+    for p in store.pairs():
+        row = {"prompt": openai_messages(p["prompt"]), "chosen": openai_messages(p["chosen"]),
+               "rejected": openai_messages(p["rejected"]), "tools": tools, "run_id": run_id,
+               "task_id": p["task_id"], "env": p["env"], "kind": p["kind"],
+               "chosen_q": p["chosen_q"], "rejected_q": p["rejected_q"], "margin": p["margin"]}
+        if p["kind"] == "step":
+            rows["pairs"].append({**row, "node_id": p["node_id"], "chosen_node": p["chosen_ref"],
+                                  "rejected_node": p["rejected_ref"]})
+        else:
+            rows["trajectory_pairs"].append({**row, "chosen_traj": p["chosen_ref"],
+                                             "rejected_traj": p["rejected_ref"]})
+    for e in store.examples():
+        row = {"messages": openai_messages(e["messages"]), "tools": tools, "run_id": run_id,
+               "task_id": e["task_id"], "env": e["env"], "instruction": e["instruction"],
+               "source_traj": e["source_traj"]}
+        if e["kind"] == "rft" or include_hindsight_in_rft:
+            rows["rft"].append({**row, "kind": e["kind"], "reward": e["reward"]})
+        if e["kind"] == "hindsight":
+            rows["hindsight"].append({**row, "source_task_id": e["info"]["source_task_id"],
+                                      "source_reward": e["info"]["source_reward"]})
+    return rows
+
+
+def write_dataset(out: Path, rows: dict[str, list], card: str) -> dict[str, int]:
+    """Write the folder next to `out`, then move it into place; returns rows per config."""
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for config, data in rows.items():
+        table = pa.Table.from_pylist(data, schema=SCHEMAS[config])
+        n = max(1, -(-len(data) // ROWS_PER_SHARD))
+        folder = tmp / "data" / config
+        folder.mkdir(parents=True)
+        for i in range(n):
+            part = table.slice(i * ROWS_PER_SHARD, ROWS_PER_SHARD)
+            pq.write_table(part, folder / f"train-{i:05d}-of-{n:05d}.parquet")
+    (tmp / "README.md").write_text(card)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return {config: len(data) for config, data in rows.items()}
+
+
+def dataset_card(counts: dict[str, int], config: dict, run_id: str, model: str) -> str:
+    header = {"configs": [{"config_name": c, "data_files": [
+        {"split": "train", "path": f"data/{c}/train-*"}]} for c in CONFIGS],
+        "tags": ["trl", "dpo", "agent", "tool-use", "mcts", "offline-agent"]}
+    table = "\n".join(f"| `{c}` | {counts[c]} |" for c in CONFIGS)
+    return f"""---
+{yaml.safe_dump(header, sort_keys=False)}---
+
+# Agent preference data from offline-agent run `{run_id}`
+
+Made by offline-agent following Agent Q (Putta et al. 2024,
+arXiv 2408.07199): the policy `{model}` searched each training task of the
+`{config["env"]["name"]}` environment with Monte Carlo tree search (at every node it proposed
+actions, ranked them itself as a critic, and rollouts were scored by the environment's
+verifier). `pairs` holds step-level preferences between sibling actions whose values
+Q = alpha*Q_mcts + (1-alpha)*critic differ by at least theta; `trajectory_pairs` a
+successful vs a failed episode of one task (outcome DPO); `rft` successful episodes for
+rejection-sampling fine-tuning; `hindsight` failed episodes relabeled with the goal they
+reached, each verified by replaying its actions under the new goal.
+
+| config | rows |
+|---|---|
+{table}
+
+```python
+from datasets import load_dataset
+pairs = load_dataset("PATH_OR_REPO", "pairs", split="train")  # trl.DPOTrainer reads it as is
+```
+
+Model: `{model}`. Columns: see docs/data.md of offline-agent. Tool calls carry their
+arguments as JSON strings and `tools` is the JSON list of the environment's tool schemas.
+
+## Run configuration
+
+```yaml
+{yaml.safe_dump(config, sort_keys=False)}```
+"""
+
+
+def export(store: Store, out: Path, tools: list[dict], config: dict) -> dict[str, int]:
+    """Write the store's mined data to the dataset folder `out`; rows per config."""
+    if store.stage("mine") is None or store.stage("mine")["status"] != "done":
+        raise ExportError("nothing to export: the run has no finished `mine` stage yet")
+    rows = config_rows(store, json.dumps(tools), config["mine"]["rft_hindsight"])
+    counts = {c: len(r) for c, r in rows.items()}
+    card = dataset_card(counts, config, store.run_id, config["model"]["id"])
+    return write_dataset(out, rows, card)
+
+
+def push(folder: Path, repo_id: str, private: bool, revision: str | None, api=None) -> str:
+    """Upload the folder as one commit (nothing half-written on failure); returns its URL.
+
+    The token comes from HF_TOKEN or the login cache (huggingface_hub's own lookup) and
+    is never printed: errors are reduced to one line with any token text removed."""
+    from huggingface_hub import HfApi
+
+    api = api or HfApi()
+    try:
+        api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+        if revision:
+            api.create_branch(repo_id, branch=revision, repo_type="dataset", exist_ok=True)
+        info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="dataset",
+                                 revision=revision, commit_message="offline-agent export")
+    except Exception as e:  # network, auth, permissions: all end the same way for the user
+        raise ExportError(f"push to the Hub failed: {_one_line(e)}. Check the network and "
+                          "your token (HF_TOKEN or `hf auth login`); the dataset stays in "
+                          f"{folder}") from None
+    return info.commit_url
+
+
+def _one_line(error: Exception) -> str:
+    from huggingface_hub import get_token
+
+    text = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    for token in {os.environ.get("HF_TOKEN"), get_token()} - {None, ""}:
+        text = text.replace(token, "***")
+    return text

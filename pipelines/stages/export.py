@@ -1,0 +1,24 @@
+"""Stage `export`: the mined data as a Hugging Face dataset folder, RUN_DIR/export/.
+
+`offline-agent export RUN_DIR --out DIR | --hub REPO` writes the same folder elsewhere or
+pushes it; see pipelines/export.py for the layout.
+"""
+
+from __future__ import annotations
+
+from offline_agent.envs.base import load_env
+from pipelines.export import export
+from pipelines.runner import StageContext
+
+
+def run_export(ctx: StageContext) -> dict:
+    cfg = ctx.cfg
+    env = load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
+    out = ctx.run_dir / "export"
+    counts = export(ctx.store, out, env.tools, cfg.to_dict())
+    print(f"dataset: {out}  rows: " + ", ".join(f"{c} {n}" for c, n in counts.items()),
+          flush=True)
+    stats = {"folder": str(out), **counts}
+    with ctx.store.transaction():
+        ctx.finish(stats)
+    return stats

@@ -1,0 +1,178 @@
+"""Stage `mine`: the stored trees and episodes -> preference pairs and SFT examples.
+
+Step pairs are mined and balanced in one SQL pass over every node (Store.step_pairs); their
+conversations are rebuilt from the stored trees. Outcome pairs, RFT examples and hindsight
+relabels come from the stored episodes (search rollouts and greedy baseline) of the train
+tasks. Everything lands in one transaction with the stage's done mark; `--force` after a
+change of `mine.*` re-mines from the stored trees without searching again.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+
+from offline_agent.envs.base import Env, load_env
+from offline_agent.mining.build import Context, episode_messages, step_pair_messages
+from offline_agent.mining.config import MineConfig
+from offline_agent.mining.hindsight import Relabel, relabel
+from offline_agent.mining.pairs import distinct_episodes, outcome_pairs
+from offline_agent.types import SUCCESS, Task, step_from_dict
+from pipelines.runner import StageContext
+from storage import Store
+
+SOURCES = ("mcts_rollout", "greedy")  # the stored episodes mining reads
+
+
+def run_mine(ctx: StageContext) -> dict:
+    cfg, store = ctx.cfg, ctx.store
+
+    def make_env() -> Env:
+        return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
+
+    env = make_env()
+    tasks = {t.id: t for t in store.tasks("train")}
+    wrong = {t.env for t in tasks.values()} - {env.name}
+    if wrong:
+        raise ValueError(f"mine: the store holds tasks of env(s) {sorted(wrong)}, the config's "
+                         f"env is {env.name!r}; mine each env's run on its own")
+    context = Context(env.system_prompt(), env.demonstration())
+    firsts = {tid: make_env().reset(task) for tid, task in tasks.items()}
+    trajs = [t for src in SOURCES for t in store.trajectories(src) if t["task_id"] in tasks]
+
+    steps, stats = mine_step_pairs(store, cfg.mine, context, tasks)
+    ctx.progress.update(step_pairs=len(steps))
+    outcome = mine_outcome_pairs(trajs, cfg.mine, context, tasks, firsts)
+    relabels, hindsight_stats = mine_hindsight(trajs, cfg.mine, make_env, tasks)
+    examples = rft_examples(trajs, context, tasks, firsts)
+    examples += [hindsight_example(src, r, context) for src, r in relabels]
+    pairs = steps + outcome
+    for i, row in enumerate(pairs):
+        row["pair_id"] = i
+    for i, row in enumerate(examples):
+        row["example_id"] = i
+    stats.update(trajectory_pairs=len(outcome), rft_examples=sum(e["kind"] == "rft"
+                                                                  for e in examples),
+                 hindsight_examples=len(relabels), **hindsight_stats)
+    with store.transaction():
+        store.insert_pairs(pairs, ctx.stage)
+        store.insert_examples(examples, ctx.stage)
+        ctx.finish(stats)
+    return stats
+
+
+def mine_step_pairs(store: Store, cfg: MineConfig, context: Context,
+                    tasks: dict[str, Task]) -> tuple[list[dict], dict]:
+    kept, counts = store.step_pairs(cfg.alpha, cfg.theta, cfg.min_visits, cfg.invalid_rejected,
+                                    cfg.max_pairs_per_node, cfg.max_pairs_per_task,
+                                    cfg.max_pairs, cfg.margin_bins, cfg.seed)
+    trees = {t["task_id"]: t["tree_id"] for t in store.trees()}
+    nodes = {r["node_id"]: r for r in store.tree_edges(sorted({trees[p["task_id"]]
+                                                                for p in kept}))}
+    rows, seen = [], set()
+    for p in kept:
+        prompt, chosen, rejected = step_pair_messages(
+            context, tasks[p["task_id"]].instruction, nodes, p["node_id"], p["chosen_id"],
+            p["rejected_id"])
+        key = json.dumps([prompt, chosen, rejected], sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append({"task_id": p["task_id"], "env": p["env"], "kind": "step",
+                     "node_id": p["node_id"], "prompt": prompt, "chosen": chosen,
+                     "rejected": rejected, "chosen_q": p["chosen_q"],
+                     "rejected_q": p["rejected_q"], "margin": p["margin"],
+                     "chosen_ref": p["chosen_id"], "rejected_ref": p["rejected_id"],
+                     "info": {"margin_bin": p["bin"]}})
+    per_task = Counter(r["task_id"] for r in rows)
+    bins = Counter(r["info"]["margin_bin"] for r in rows)
+    edges = [cfg.theta, *cfg.margin_bins]
+    stats = {
+        "step_pairs": len(rows),
+        "step_candidates": counts["candidates"],
+        "dropped_node_cap": counts["candidates"] - counts["after_node_cap"],
+        "dropped_task_cap": counts["after_node_cap"] - counts["after_task_cap"],
+        "dropped_total_cap": counts["after_task_cap"] - counts["kept"],
+        "dropped_duplicate": counts["kept"] - len(rows),
+        "margin_histogram": {_bin_label(edges, b): bins[b] for b in range(len(edges))},
+        "step_pairs_per_task": {
+            "tasks": len(per_task), "min": min(per_task.values(), default=0),
+            "median": statistics.median(per_task.values()) if per_task else 0,
+            "max": max(per_task.values(), default=0)},
+    }
+    return rows, stats
+
+
+def _bin_label(edges: list[float], b: int) -> str:
+    hi = edges[b + 1] if b + 1 < len(edges) else None
+    return f"[{edges[b]:g}, {hi:g})" if hi is not None else f">= {edges[b]:g}"
+
+
+def mine_outcome_pairs(trajs: list[dict], cfg: MineConfig, context: Context,
+                       tasks: dict[str, Task], firsts: dict[str, str]) -> list[dict]:
+    """The paper's outcome-DPO data: a success vs a failure of the same task, whole episodes."""
+    rows = []
+    for win, loss in outcome_pairs(trajs, cfg.trajectory_pairs_per_task, cfg.seed):
+        task = tasks[win["task_id"]]
+        prompt, chosen = episode_messages(context, task.instruction, firsts[task.id],
+                                          [step_from_dict(s) for s in win["steps"]])
+        _, rejected = episode_messages(context, task.instruction, firsts[task.id],
+                                       [step_from_dict(s) for s in loss["steps"]])
+        rows.append({"task_id": task.id, "env": task.env, "kind": "trajectory",
+                     "prompt": prompt, "chosen": chosen, "rejected": rejected,
+                     "chosen_q": win["reward"], "rejected_q": loss["reward"],
+                     "margin": win["reward"] - loss["reward"], "chosen_ref": win["traj_id"],
+                     "rejected_ref": loss["traj_id"],
+                     "info": {"chosen_source": win["source"], "rejected_source": loss["source"],
+                              "rejected_truncated": bool(loss["steps"]) and bool(
+                                  loss["steps"][-1]["info"].get("truncated"))}})
+    return rows
+
+
+def mine_hindsight(trajs: list[dict], cfg: MineConfig, make_env,
+                   tasks: dict[str, Task]) -> tuple[list[tuple[dict, Relabel]], dict]:
+    """Verified relabels of the distinct failed episodes, one per (relabeled task, actions)."""
+    if not cfg.hindsight:
+        return [], {}
+    outcomes: Counter = Counter()
+    kept, seen = [], set()
+    for traj in distinct_episodes([t for t in trajs if t["reward"] < SUCCESS]):
+        actions = [s["action"] for s in traj["steps"]]
+        result = relabel(make_env, tasks[traj["task_id"]], actions)
+        if isinstance(result, str):
+            outcomes[result] += 1
+            continue
+        key = (result.task.id, json.dumps(actions))
+        if key in seen:
+            outcomes["duplicate"] += 1
+            continue
+        seen.add(key)
+        outcomes["verified"] += 1
+        kept.append((traj, result))
+    tried = sum(outcomes.values()) - outcomes["not_ended"] - outcomes["already_solved"]
+    return kept, {"relabels_tried": tried, "relabels": dict(sorted(outcomes.items()))}
+
+
+def rft_examples(trajs: list[dict], context: Context, tasks: dict[str, Task],
+                 firsts: dict[str, str]) -> list[dict]:
+    """Successful episodes, one per distinct action sequence of a task."""
+    rows = []
+    for traj in distinct_episodes([t for t in trajs if t["reward"] >= SUCCESS]):
+        task = tasks[traj["task_id"]]
+        prompt, rest = episode_messages(context, task.instruction, firsts[task.id],
+                                        [step_from_dict(s) for s in traj["steps"]])
+        rows.append({"task_id": task.id, "env": task.env, "kind": "rft",
+                     "instruction": task.instruction, "messages": prompt + rest,
+                     "source_traj": traj["traj_id"], "reward": traj["reward"],
+                     "info": {"source": traj["source"]}})
+    return rows
+
+
+def hindsight_example(source: dict, r: Relabel, context: Context) -> dict:
+    prompt, rest = episode_messages(context, r.task.instruction, r.first_observation, r.steps)
+    return {"task_id": r.task.id, "env": r.task.env, "kind": "hindsight",
+            "instruction": r.task.instruction, "messages": prompt + rest,
+            "source_traj": source["traj_id"], "reward": r.reward,
+            "info": {"source_task_id": source["task_id"], "source_reward": source["reward"],
+                     "source": source["source"], "task": r.task.to_dict()}}
