@@ -249,7 +249,9 @@ class PythonTasks(Env):
     """Function-writing problems scored by hidden unit tests run in the sandbox."""
 
     name = "python"
-    stop = ["]\n\n", "\n\n\n"]  # code may hold a blank line; the closing bracket ends it
+    # A reply ends at a blank line, so code must not hold one (the prompt says so). A stop
+    # string that starts with "]" would cut the action's own closing bracket off the text.
+    stop = ["\n\n"]
     max_action_tokens = 320
     tools = [
         _code_tool("run_tests", "Run the code on the example tests and show the results."),
@@ -274,7 +276,7 @@ class PythonTasks(Env):
             "You write Python functions. Reply with exactly one action per turn:\n"
             "run_tests[code] - run your code on the examples and see which pass\n"
             "submit[code] - submit your final code; hidden tests decide the score and the episode ends\n"
-            "Put the whole function definition inside the brackets.\n"
+            "Put the whole function definition inside the brackets, with no blank lines.\n"
             "\n"
             "Example:\n"
             "Task: def double(x: int) -> int, return x times 2; double(3) == 6\n"
