@@ -22,7 +22,7 @@ from offline_agent.envs.python_problems import PROBLEMS, Problem
 from offline_agent.envs.sandbox import run_python
 from offline_agent.types import Task, ToolCall
 
-DEMO_PROBLEM = "count_evens"  # a short train problem solved in the demonstration
+DEMO_PROBLEM = "differences"  # a short train problem solved in the demonstration
 HIDDEN_RANDOM = 5  # random hidden tests per task, on top of the problem's edge cases
 PER_TEST_S = 0.5  # alarm per test call, so one endless case does not zero the others
 TEST_BUCKETS = 4  # a problem is held out when hash(name) % TEST_BUCKETS == 0
@@ -289,7 +289,9 @@ class PythonTasks(Env):
 
     def demo_episode(self) -> tuple[Task, list[str]]:
         """A short train problem: run_tests with the reference code, then submit it.
-        Without it the 135M model writes a fenced function and no tool name (0 valid of 4)."""
+        Without it the 135M model writes a fenced function and no tool name (0 valid of 4).
+        Its code ends in a list comprehension, so the action ends in "]]": the model writes
+        such code often, and after a demo ending in ")]" it left out the tool's own "]"."""
         problem = next(p for p in PROBLEMS if p.name == DEMO_PROBLEM)
         code = f"{problem.signature}\n{problem.solution}"
         return make_task(problem, 0, self.seed), [f"run_tests[{code}]", f"submit[{code}]"]
