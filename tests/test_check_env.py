@@ -116,6 +116,9 @@ def _broken(lamps):
             task, actions = super().demo_episode()
             return task, actions[:-1] + ["toggle[red]", "done"]
 
+    class StopEatsBracket(Lamps):
+        stop = ["]\n"]  # the policy drops the stop string: "toggle[red" is what arrives
+
     class HandWrittenDemo(Lamps):
         def demonstration(self):
             from offline_agent.types import Message
@@ -131,7 +134,7 @@ def _broken(lamps):
         "snapshot/restore": [ForgetfulRestore],
         "fuzzed text": [HugeObservation, RaisingAct],
         "hindsight": [WrongHindsight],
-        "demonstration": [FailingDemo, HandWrittenDemo],
+        "demonstration": [FailingDemo, StopEatsBracket, HandWrittenDemo],
     }
 
 

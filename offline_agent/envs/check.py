@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from offline_agent.envs.base import Env
+from offline_agent.envs.base import ActionError, Env
 from offline_agent.envs.fuzz import named_cases, random_cases
+from offline_agent.envs.parser import parse_action
 from offline_agent.types import Task
 
 MAX_OBSERVATION = 5000  # longest observation fuzzed text may produce
@@ -219,7 +220,8 @@ def _random_episode(env: Env, task: Task, rng: random.Random) -> list[str]:
 
 
 def check_demonstration(make_env: Callable[[], Env]) -> str:
-    """demo_episode() reaches reward 1 (demonstration() raises otherwise)."""
+    """demo_episode() reaches reward 1 (demonstration() raises otherwise), and its actions
+    survive the env's stop strings."""
     env = make_env()
     if env.demo_episode() is None:
         if env.demonstration():
@@ -227,8 +229,24 @@ def check_demonstration(make_env: Callable[[], Env]) -> str:
                               "cannot be replayed: implement demo_episode() instead")
         raise CheckSkipped("no demo_episode()")
     turns = env.demonstration()
+    for text in env.demo_episode()[1]:
+        _check_cut(env, text)
     steps = sum(m.role == "assistant" for m in turns)
-    return f"{steps} actions reach reward 1"
+    return f"{steps} actions reach reward 1 and survive the stop strings {env.stop!r}"
+
+
+def _check_cut(env: Env, action: str) -> None:
+    """A reply that goes on after the action is cut at the env's first stop string, and
+    the stop string is dropped (the policy contract): the action must parse the same."""
+    reply = action + "\n\nResult: ..."
+    cut = min((i for i in (reply.find(s) for s in env.stop) if i >= 0), default=len(reply))
+    try:
+        same = parse_action(reply[:cut], env.tools) == parse_action(action, env.tools)
+    except ActionError:
+        same = False
+    if not same:
+        raise CheckFailed(f"stop strings {env.stop!r} cut the demonstration's action "
+                          f"{action[:40]!r} to {reply[:cut][-40:]!r}")
 
 
 def format_table(results: list[CheckResult]) -> str:
