@@ -9,6 +9,7 @@ Train and test hold disjoint problems (split by a hash of the function name).
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -303,11 +304,11 @@ class PythonTasks(Env):
     def _execute(self, call: ToolCall) -> StepResult:
         if self.state["submitted"]:
             raise ActionError("the episode is over: the code was already submitted")
-        data = self.task.data
+        data, code = self.task.data, restore_bracket(call.arguments["code"])
         if call.name == "run_tests":
-            report = run_cases(call.arguments["code"], data["function"], data["visible"])
+            report = run_cases(code, data["function"], data["visible"])
             return StepResult(observation=_render(report), info={"passed": sum(report.passed)})
-        report = run_cases(call.arguments["code"], data["function"], data["hidden"])
+        report = run_cases(code, data["function"], data["hidden"])
         self.state = {"submitted": True}
         passed, total = sum(report.passed), len(report.passed)
         observation = f"Submitted: {passed}/{total} hidden tests passed."
@@ -319,6 +320,25 @@ class PythonTasks(Env):
             done=True,
             info={"passed": passed, "total": total},
         )
+
+
+def restore_bracket(code: str) -> str:
+    """`code` with a "]" appended if only that makes it valid Python.
+
+    Small models end code such as `return [x for x in xs]` with one "]" for both the list
+    and the action (`submit[...]`); the parser then closes the action at that last "]" and
+    the code loses it. Parsing only (no execution) of at most MAX_ARGUMENT_CHARS chars."""
+    if _parses(code) or not _parses(code + "]"):
+        return code
+    return code + "]"
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return False
+    return True
 
 
 def _render(report: Report) -> str:
