@@ -117,6 +117,15 @@ def parser() -> argparse.ArgumentParser:
                          "store (opened read-only) and print the comparison table.")
     rep.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     rep.set_defaults(func=cmd_report)
+    c = sub.add_parser("check-env", help="check that an env keeps the Env contract",
+                       description="Checks a built-in or plugin env before a long run: tool "
+                       "schemas, deterministic and disjoint tasks, snapshot/restore, fuzzed "
+                       "model text, hindsight replay, the demonstration. Exit code 1 if a "
+                       "check fails (docs/environments.md).")
+    c.add_argument("env", metavar="ENV", help="package.module:Class, or minishop | math | python")
+    c.add_argument("--kwargs", default="{}", metavar="JSON",
+                   help='constructor arguments as a JSON object, e.g. \'{"max_steps": 8}\'')
+    c.set_defaults(func=cmd_check_env)
     return p
 
 
@@ -265,6 +274,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(comparison_table(report))
     print(f"report: {path}")
     return 0
+
+def cmd_check_env(args: argparse.Namespace) -> int:
+    import json
+
+    from offline_agent.envs.base import load_env
+    from offline_agent.envs.check import check_env, format_table
+
+    try:
+        kwargs = json.loads(args.kwargs)
+        if not isinstance(kwargs, dict):
+            raise ValueError("--kwargs must be a JSON object")
+        load_env(args.env, **kwargs)
+    except (ValueError, TypeError) as e:  # bad JSON, unknown env, wrong constructor arguments
+        print(f"offline-agent: error: {e}", file=sys.stderr)
+        return 2
+    results = check_env(lambda: load_env(args.env, **kwargs))
+    print(format_table(results))
+    failed = [r.name for r in results if r.ok is False]
+    print(f"{args.env}: " + (f"FAILED: {', '.join(failed)}" if failed else "all checks passed"))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
