@@ -96,6 +96,13 @@ class Env(ABC):
         adds the best ones it did not sample, so a step the policy rarely writes can be tried."""
         return []
 
+    def action_tools(self) -> list[dict]:
+        """The tool specs a reply may call in the current state: what constrained decoding
+        (`model.constrain: tools`) builds its grammar from. `tools` by default, so any env gets
+        valid calls with no code; an env narrows them per state by dropping tools that cannot
+        work there and adding `enum`s to parameters with a known set of values."""
+        return self.tools
+
     def achieved_task(self) -> Task | None:
         """A task that the current terminal state satisfies (hindsight relabeling), or None.
 

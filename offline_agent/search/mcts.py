@@ -109,6 +109,7 @@ class Sample:
     steps: list[Step]
     temperatures: list[float]
     seed: int
+    tools: list[dict] | None = None  # the state's Env.action_tools(), for constrained decoding
 
     @property
     def n(self) -> int:
@@ -283,7 +284,8 @@ def simulate(
         temperatures = [cfg.expand_temperature] * (cfg.k * cfg.oversample)
         if cfg.expand_greedy:
             temperatures[0] = 0.0
-        proposals = yield Sample(task, first_obs, history, temperatures, seed)
+        proposals = yield Sample(task, first_obs, history, temperatures, seed,
+                                 env.action_tools())
         seen: set[str] = set()
         sampled, listed = [], []
         last = node.depth + 1 >= cfg.max_depth  # children at max depth end there
@@ -335,7 +337,8 @@ def simulate(
                 if any(e[0] >= SUCCESS for e in endings):
                     break  # nothing later does better
             seed = seed_for(cfg.seed, task.id, sim, f"rollout/{depth}")
-            (text,) = yield Sample(task, first_obs, steps, [cfg.rollout_temperature], seed)
+            (text,) = yield Sample(task, first_obs, steps, [cfg.rollout_temperature], seed,
+                                   env.action_tools())
             call, result = env.act(text)
             steps.append(Step(action=text, observation=result.observation, tool_call=call,
                               reward=result.reward, done=result.done, invalid=result.invalid,

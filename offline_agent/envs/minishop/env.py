@@ -240,6 +240,21 @@ class MiniShop(Env):
             return [f"click[{v}]" for _, vs in product.options for v in vs] + ["buy", "click[back]"]
         return []
 
+    def action_tools(self) -> list[dict]:
+        """Search on every page; click only what the open page lists (`available_actions`);
+        buy only on a product page."""
+        listed = self.available_actions()
+        targets = [a[len("click["):-1] for a in listed if a.startswith("click[")]
+        tools = [TOOLS[0]]
+        if targets:
+            click = TOOLS[1]["function"]
+            target = {**click["parameters"]["properties"]["target"], "enum": targets}
+            params = {**click["parameters"], "properties": {"target": target}}
+            tools.append({"type": "function", "function": {**click, "parameters": params}})
+        if "buy" in listed:
+            tools.append(TOOLS[2])
+        return tools
+
     # ---- hindsight --------------------------------------------------------------------------
     def achieved_task(self) -> Task | None:
         """After a buy: the task whose goal is the bought product with the options chosen,
