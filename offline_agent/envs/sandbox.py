@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from offline_agent.envs import cgroups
+from offline_agent.envs.base import EnvFailure
 from offline_agent.envs.cgroups import Cgroups
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ SECCOMP_RULES = [
 LAUNCHER = Path(__file__).with_name("sandbox_launcher.py").read_text(encoding="utf-8")
 
 
-class SandboxError(RuntimeError):
+class SandboxError(EnvFailure):
     """The sandbox cannot be set up (safely) here; never raised for what user code does."""
 
 
