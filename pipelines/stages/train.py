@@ -17,10 +17,14 @@ PAIR_KINDS = {"dpo_outcome": ("trajectory",), "dpo_step": ("step",),
               "dpo_step_outcome": ("step", "trajectory")}
 
 
-def policy_rows(store, policy: str, max_rows: int, seed: int) -> list[dict]:
-    """The policy's training rows in a stable order; a seeded sample of max_rows when set."""
+def policy_rows(store, policy: str, max_rows: int, seed: int,
+                hindsight: bool = True) -> list[dict]:
+    """The policy's training rows in a stable order; a seeded sample of max_rows when set.
+    RFT trains on the successes, plus the hindsight relabels when `hindsight`
+    (mine.rft_hindsight)."""
     if policy == "rft":
-        rows = sorted(store.examples(kinds=("rft", "hindsight")), key=lambda r: r["example_id"])
+        kinds = ("rft", "hindsight") if hindsight else ("rft",)
+        rows = sorted(store.examples(kinds=kinds), key=lambda r: r["example_id"])
     else:
         rows = sorted((r for kind in PAIR_KINDS[policy] for r in store.pairs(kind)),
                       key=lambda r: r["pair_id"])
@@ -36,7 +40,8 @@ def run_train(ctx: StageContext) -> dict:
     for policy in cfg.train.policies:
         final = store.checkpoint(ctx.stage, ctx.shard, f"{policy}/final")
         if final is None:
-            rows = policy_rows(store, policy, cfg.train.max_pairs, cfg.train.seed)
+            rows = policy_rows(store, policy, cfg.train.max_pairs, cfg.train.seed,
+                               cfg.mine.rft_hindsight)
             if not rows:
                 stats[policy] = {"skipped": "no training data (mined pairs / RFT examples)"}
                 continue
