@@ -138,6 +138,10 @@ def tree_rows(run_dir: Path) -> tuple[dict, dict]:
 
 def test_merge_of_shards_equals_unsharded_run(tmp_path, config, capsys):
     a, b = shard_run(tmp_path, config, 0), shard_run(tmp_path, config, 1)
+    # stages that need every shard's trees wait for the merge
+    assert "stage mine: needs every shard's results; skipped" in capsys.readouterr().out
+    with Store(a / "store.duckdb", read_only=True) as s:
+        assert s.stage("mine") is None and s.stage("search", "0/2")["status"] == "done"
     out = tmp_path / "merged"
     assert main(["merge", str(out), str(a), str(b)]) == 0
     assert "trees 4" in capsys.readouterr().out

@@ -12,6 +12,7 @@ from pipelines.stages.mine import run_mine
 from pipelines.stages.report import run_report
 from pipelines.stages.search import run_search
 from pipelines.stages.tasks import run_tasks
+from pipelines.stages.train import run_train
 
 
 def search_shard(cfg) -> str:
@@ -24,10 +25,9 @@ STAGES: list[Stage] = [
     Stage("search", ("run", "env", "model", "search"), run_search, shard=search_shard),
     Stage("mine", ("run", "env", "model", "search", "mine"), run_mine),
     Stage("export", ("run", "env", "model", "search", "mine"), run_export),
-    # then train, grpo (their issues), before eval.
-    # TODO(lead): once the train section lands, eval depends on it too (a retrained adapter
-    # changes its episodes): ("run", "env", "model", "search", "mine", "train", "eval").
-    Stage("eval", ("run", "env", "model", "eval"), run_eval),
+    Stage("train", ("run", "env", "model", "search", "mine", "train"), run_train),
+    # eval depends on everything that made the adapters it evaluates
+    Stage("eval", ("run", "env", "model", "search", "mine", "train", "eval"), run_eval),
     # Reads only what earlier stages stored; `offline-agent report RUN_DIR` re-renders it.
     Stage("report", (), run_report),
 ]

@@ -46,7 +46,7 @@ def run_mine(ctx: StageContext) -> dict:
     outcome = mine_outcome_pairs(trajs, cfg.mine, context, tasks, firsts)
     relabels, hindsight_stats = mine_hindsight(trajs, cfg.mine, make_env, tasks)
     examples = rft_examples(trajs, context, tasks, firsts)
-    examples += [hindsight_example(r, src, context) for src, r in relabels]
+    examples += [hindsight_example(src, r, context) for src, r in relabels]
     pairs = steps + outcome
     for i, row in enumerate(pairs):
         row["pair_id"] = i

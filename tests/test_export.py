@@ -1,0 +1,92 @@
+"""`offline-agent export`: a dataset folder (--out) and the Hub path (--hub) against a stubbed
+HfApi and, for real, against no network: one clear line, exit code 2, the folder kept."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+from pipelines.export import push
+from tests.test_mine_stage import mined_run  # noqa: F401  (the module-scoped fixture)
+
+TOKEN = "hf_secretTOKEN1234567890"
+
+
+class StubApi:
+    """Records calls; fails on upload when told to (nothing is half-written: one call)."""
+
+    def __init__(self, fail: bool = False):
+        self.calls, self.fail = [], fail
+
+    def create_repo(self, repo_id, **kw):
+        self.calls.append(("create_repo", repo_id, kw))
+
+    def create_branch(self, repo_id, **kw):
+        self.calls.append(("create_branch", repo_id, kw))
+
+    def upload_folder(self, **kw):
+        self.calls.append(("upload_folder", kw["repo_id"], kw))
+        if self.fail:
+            raise RuntimeError(f"401 Unauthorized for token {TOKEN}")
+
+        class Info:
+            commit_url = f"https://huggingface.co/datasets/{kw['repo_id']}/commit/abc"
+        return Info()
+
+
+def test_push_is_one_commit_and_never_logs_the_token(mined_run, monkeypatch, capsys, caplog):  # noqa: F811
+    run_dir = mined_run[0]
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    caplog.set_level(logging.DEBUG)
+    api = StubApi()
+    url = push(run_dir / "export", "me/agent-pairs", private=True, revision="v1", api=api)
+    assert url.endswith("/commit/abc")
+    kinds = [c[0] for c in api.calls]
+    assert kinds == ["create_repo", "create_branch", "upload_folder"]
+    upload = api.calls[-1][2]
+    assert upload["repo_type"] == "dataset" and upload["revision"] == "v1"
+    assert Path(upload["folder_path"]) == run_dir / "export"
+    assert api.calls[0][2]["private"] is True
+    failing = StubApi(fail=True)
+    with pytest.raises(Exception) as err:
+        push(run_dir / "export", "me/agent-pairs", False, None, api=failing)
+    assert TOKEN not in str(err.value) and "***" in str(err.value)
+    assert str(run_dir / "export") in str(err.value)
+    out = capsys.readouterr()
+    assert TOKEN not in out.out + out.err + caplog.text
+
+
+def test_real_hub_attempt_offline_fails_with_one_clear_line(mined_run, monkeypatch, capsys):  # noqa: F811
+    run_dir = mined_run[0]
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # a real attempt: no route to the Hub here
+    assert main(["export", str(run_dir), "--hub", "me/agent-pairs"]) == 2
+    out = capsys.readouterr()
+    (line,) = out.err.strip().splitlines()
+    assert line.startswith("offline-agent: error: push to the Hub failed") and TOKEN not in line
+    assert (run_dir / "export" / "README.md").exists()  # the local folder stays
+
+
+def test_export_out_writes_a_folder_and_refuses_a_non_empty_one(mined_run, tmp_path, capsys):  # noqa: F811
+    run_dir = mined_run[0]
+    out = tmp_path / "ds"
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    assert "rows: pairs 8" in capsys.readouterr().out
+    assert sorted(p.name for p in (out / "data").iterdir()) == [
+        "hindsight", "pairs", "rft", "trajectory_pairs"]
+    assert (out / "data" / "pairs" / "train-00000-of-00001.parquet").exists()
+    assert main(["export", str(run_dir), "--out", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err
+
+
+def test_export_before_mining_is_a_clear_error(tmp_path, capsys):
+    from pipelines.runner import run
+    from pipelines.stages import STAGES
+    from tests.test_runner import fake_cfg
+
+    run(fake_cfg(), tmp_path / "r", STAGES, until="tasks")
+    assert main(["export", str(tmp_path / "r"), "--out", str(tmp_path / "o")]) == 2
+    assert "no finished `mine` stage" in capsys.readouterr().err
