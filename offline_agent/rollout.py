@@ -14,10 +14,12 @@ from offline_agent.policy.base import Policy, Sampling
 from offline_agent.types import Step, Task, Trajectory
 
 
-def action_sampling(env: Env, temperature: float, seed: int | None) -> Sampling:
-    """One reply is one action: the env says where to cut it and how long it may be."""
+def action_sampling(env: Env, temperature: float, seed: int | None,
+                    tools: list[list[dict]] | None = None) -> Sampling:
+    """One reply is one action: the env says where to cut it and how long it may be; `tools`
+    (each prompt's `Env.action_tools()`) are what a constrained policy makes it call."""
     return Sampling(max_new_tokens=env.max_action_tokens, temperature=temperature,
-                    stop=list(env.stop), seed=seed)
+                    stop=list(env.stop), seed=seed, tools=tools)
 
 
 def run_episodes(
@@ -49,7 +51,8 @@ def run_episodes(
                     demo))
                 for i in active
             ]
-            sampling = action_sampling(envs[chunk[0]], temperature, seed + 1000 * start + turn)
+            sampling = action_sampling(envs[chunk[0]], temperature, seed + 1000 * start + turn,
+                                       [envs[i].action_tools() for i in active])
             completions = policy.sample(prompts, 1, sampling)
             for i, (completion,) in zip(active, completions):
                 call, result = envs[i].act(completion.text)

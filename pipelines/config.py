@@ -22,14 +22,18 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from offline_agent.envs.base import BUILTIN_ENVS
+from offline_agent.evaluation import EvalConfig
 from offline_agent.mining.config import MineConfig
 from offline_agent.policy.models import DEFAULT_MODEL
 from offline_agent.search.config import SearchConfig
+from offline_agent.training.config import TrainConfig
 
 # Keys that say how or where work runs, not what it computes: left out of stage hashes, so
 # renaming a run or merging shards never invalidates finished stages.
 # run.iterations says how many rounds to run; a round's results do not depend on it.
-UNHASHED = {"run.name", "run.iterations", "search.shard", "model.prefix_cache_gb"}
+# eval.bootstrap and eval.seed only shape the intervals the report computes from the episodes.
+UNHASHED = {"run.name", "run.iterations", "search.shard", "model.prefix_cache_gb",
+            "eval.bootstrap", "eval.seed"}
 
 
 class ConfigError(ValueError):
@@ -69,13 +73,14 @@ class ModelConfig:
                                      "next step of an episode computes only its new tokens (hf "
                                      "backend; vLLM keeps its own); 0 turns it off")
     constrain: str = _f("none", "none: free text; tools: every policy reply is decoded under a "
-                                "grammar of one tool call valid for the env's tool schemas")
+                                "grammar of one tool call valid for the env's tool schemas, "
+                                "narrowed per state by Env.action_tools (needs xgrammar)")
 
     def __post_init__(self):
         _choice("model", "backend", self.backend, ("hf", "vllm"))
         _choice("model", "device", self.device, ("auto", "cpu", "cuda"))
         _choice("model", "dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
-        _choice("model", "constrain", self.constrain, ("none",))  # tools: lands with its issue
+        _choice("model", "constrain", self.constrain, ("none", "tools"))
         if self.max_batch < 1:
             raise ConfigError("model.max_batch must be >= 1")
         if self.prefix_cache_gb < 0:
@@ -106,6 +111,8 @@ class RunConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     mine: MineConfig = field(default_factory=MineConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     # ---- building ----------------------------------------------------------------------
     @classmethod

@@ -9,7 +9,6 @@ import pytest
 
 from offline_agent.envs.base import load_env
 from offline_agent.envs.minishop.goals import Goal
-from offline_agent.types import step_to_dict
 from pipelines.config import RunConfig
 from pipelines.runner import Stage, run
 from pipelines.stages import STAGES

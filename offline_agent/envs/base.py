@@ -1,7 +1,8 @@
 """The Env contract: text environments with tools, deterministic given (task, actions).
 
-An env keeps all mutable episode state in `self.state` (a picklable object), so
-snapshot/restore is one pickle and search can branch without replaying. Model text
+An env keeps all mutable episode state in `self.state`, so snapshot/restore is one copy
+of it and search can branch without replaying. Snapshots are plain JSON data, never
+pickles: stores travel between machines and are read on resume (state_json.py). Model text
 enters only through `act`, which parses it; a malformed action never raises: it
 becomes an observation that says what was wrong, counts as a step and is flagged.
 """
@@ -11,11 +12,11 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
-import pickle
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from offline_agent.envs import state_json
 from offline_agent.types import Message, Task, ToolCall
 
 MAX_ARGUMENT_CHARS = 2000  # longer arguments are refused as invalid actions
@@ -45,6 +46,7 @@ class Env(ABC):
     tools: list[dict] = []  # OpenAI/HF function specs: {"type": "function", "function": {...}}
     stop: list[str] = ["\n\n"]  # where a policy reply is cut: one action per reply
     max_action_tokens: int = 48  # token budget of one reply
+    state_type: type | None = None  # dataclass of `self.state`; None: the state is JSON data
     max_parse_chars: int = 20_000  # only this much of a reply is parsed (bounds hostile text)
     _demo_turns: list[Message] | None = None  # demonstration(), once played
 
@@ -93,6 +95,13 @@ class Env(ABC):
         buttons), or [] where actions are free text. Search ranks them with the policy and
         adds the best ones it did not sample, so a step the policy rarely writes can be tried."""
         return []
+
+    def action_tools(self) -> list[dict]:
+        """The tool specs a reply may call in the current state: what constrained decoding
+        (`model.constrain: tools`) builds its grammar from. `tools` by default, so any env gets
+        valid calls with no code; an env narrows them per state by dropping tools that cannot
+        work there and adding `enum`s to parameters with a known set of values."""
+        return self.tools
 
     def achieved_task(self) -> Task | None:
         """A task that the current terminal state satisfies (hindsight relabeling), or None.
@@ -156,11 +165,48 @@ class Env(ABC):
             result.observation += "\n[Step limit reached: episode over.]"
         return result
 
-    def snapshot(self) -> bytes:
-        return pickle.dumps((self.task, self.num_steps, self.state))
+    # ---- state as JSON data -----------------------------------------------------------------
+    def state_to_json(self) -> Any:
+        """`self.state` as JSON data. The default writes a `state_type` dataclass as a dict of
+        its fields and a state that is JSON data as is; override both methods otherwise."""
+        return state_json.encode(self.state)
 
-    def restore(self, blob: bytes) -> None:
-        self.task, self.num_steps, self.state = pickle.loads(blob)
+    def state_from_json(self, data: Any) -> Any:
+        """A fresh state from `state_to_json()`'s data (the default rebuilds `state_type`)."""
+        return state_json.decode(self.state_type, data)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The episode as JSON data, checked to restore the very same state, so an env whose
+        state cannot round-trip fails at its first snapshot, naming the field."""
+        try:
+            data = {"task": state_json.encode(self.task, "task"), "num_steps": self.num_steps,
+                    "state": self.state_to_json()}
+            problem = state_json.difference(self.state, self.state_from_json(data["state"]))
+        except (KeyError, TypeError, ValueError) as e:  # StateError is a TypeError
+            problem = str(e)
+        if problem:
+            raise EnvStateError(self, f"its state does not round-trip as JSON data: {problem}. "
+                                "Keep the state JSON data (dicts, lists, str, numbers, bool, "
+                                "None) or a dataclass named in `state_type` whose fields are, "
+                                "or override state_to_json and state_from_json")
+        return data
+
+    def restore(self, data: dict[str, Any]) -> None:
+        try:
+            task = state_json.decode(Task, data["task"])
+            num_steps, state = int(data["num_steps"]), self.state_from_json(data["state"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise EnvStateError(self, f"a snapshot does not fit its state: {e!r}") from None
+        self.task, self.num_steps, self.state = task, num_steps, state
+
+
+class EnvStateError(TypeError):
+    """An env whose state does not survive the JSON round trip of snapshots (a bug in the env),
+    or a stored snapshot that does not fit the env."""
+
+    def __init__(self, env: Env, problem: str):
+        cls = type(env)
+        super().__init__(f"env {env.name!r} ({cls.__module__}:{cls.__qualname__}): {problem}")
 
 
 def validate_call(call: ToolCall, tools: list[dict]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from offline_agent.envs.base import ActionError, Env, StepResult
 from offline_agent.envs.python_problems import PROBLEMS, Problem
-from offline_agent.envs.sandbox import run_python
+from offline_agent.envs.sandbox import require_isolation, run_python
 from offline_agent.types import Task, ToolCall
 
 DEMO_PROBLEM = "differences"  # a short train problem solved in the demonstration
@@ -88,7 +88,7 @@ class Report:
     stdout: str
 
 
-def run_cases(code: str, name: str, cases: list[list]) -> Report:
+def run_cases(code: str, name: str, cases: list[list], allow_weaker: bool = False) -> Report:
     """Run `code` in the sandbox and compare `name(*args)` with each case's expected value."""
     payload = {
         "code": code,
@@ -98,7 +98,7 @@ def run_cases(code: str, name: str, cases: list[list]) -> Report:
     }
     script = f"PAYLOAD = {json.dumps(payload)!r}\nMARKER = {MARKER!r}\n{HARNESS}"
     timeout_s = 2 + PER_TEST_S * (len(cases) + 2)  # start-up, module code, every case
-    result = run_python(script, timeout_s=timeout_s)
+    result = run_python(script, timeout_s=timeout_s, allow_weaker=allow_weaker)
     lines = [ln for ln in result.stdout.splitlines() if ln.startswith(MARKER)]
     res = _parse_results(lines[-1][len(MARKER) :], len(cases)) if lines else None
     if res is None:
@@ -261,6 +261,13 @@ class PythonTasks(Env):
         ),
     ]
 
+    def __init__(self, max_steps: int = 10, seed: int = 0, allow_weaker_sandbox: bool = False):
+        """`allow_weaker_sandbox`: run code even where a sandbox layer is missing (else a
+        machine without one fails here, before any search, with the missing layers named)."""
+        super().__init__(max_steps=max_steps, seed=seed)
+        require_isolation(allow_weaker_sandbox)
+        self.allow_weaker_sandbox = allow_weaker_sandbox
+
     def tasks(self, split: str, n: int) -> list[Task]:
         problems = [p for p in PROBLEMS if split_of(p) == split]
         if not problems:
@@ -306,9 +313,9 @@ class PythonTasks(Env):
             raise ActionError("the episode is over: the code was already submitted")
         data, code = self.task.data, restore_bracket(call.arguments["code"])
         if call.name == "run_tests":
-            report = run_cases(code, data["function"], data["visible"])
+            report = run_cases(code, data["function"], data["visible"], self.allow_weaker_sandbox)
             return StepResult(observation=_render(report), info={"passed": sum(report.passed)})
-        report = run_cases(code, data["function"], data["hidden"])
+        report = run_cases(code, data["function"], data["hidden"], self.allow_weaker_sandbox)
         self.state = {"submitted": True}
         passed, total = sum(report.passed), len(report.passed)
         observation = f"Submitted: {passed}/{total} hidden tests passed."

@@ -21,19 +21,20 @@ def load_policy(id: str, backend: str = "hf", device: str = "auto", dtype: str =
     available, else cpu. dtype "auto" means bfloat16 on cuda, float32 on cpu. adapter: a PEFT
     LoRA folder to apply on top. seed: seeds the calls whose Sampling.seed is None.
     prefix_cache_gb: memory the hf backend keeps for the KV of prompt prefixes it has seen
-    (vLLM sizes its own prefix cache). constrain: "none" (free text).
+    (vLLM sizes its own prefix cache). constrain: "none" (free text) or "tools" (a reply asked
+    with Sampling.tools is one call of those tools, policy/grammar.py).
     """
-    if constrain != "none":
-        raise ValueError(f"model.constrain={constrain!r} is not available yet")
+    if constrain not in ("none", "tools"):
+        raise ValueError(f"constrain must be 'none' or 'tools', got {constrain!r}")
     if backend == "hf":
         from .hf import HFPolicy
 
         return HFPolicy.from_pretrained(id, device=device, dtype=dtype, adapter=adapter,
                                         max_batch=max_batch, seed=seed,
-                                        prefix_cache_gb=prefix_cache_gb)
+                                        prefix_cache_gb=prefix_cache_gb, constrain=constrain)
     if backend == "vllm":
         from .vllm import VLLMPolicy
 
         return VLLMPolicy(id, device=device, dtype=dtype, adapter=adapter, max_batch=max_batch,
-                          seed=seed)
+                          seed=seed, constrain=constrain)
     raise ValueError(f"unknown policy backend {backend!r}: use 'hf' or 'vllm'")

@@ -23,6 +23,11 @@ class Sampling:
     # seeds this call (same seed + inputs -> same outputs on CPU); a list gives each prompt
     # its own seed, so a prompt's samples do not depend on the other prompts of the call
     seed: int | list[int] | None = None
+    # per prompt, the tool specs its reply must call (None: free text). A policy loaded with
+    # constrain="tools" decodes such a reply under the grammar of one call of these tools
+    # (policy/grammar.py); the stop strings then do not cut it (the call ends itself, then the
+    # turn). With constrain="none" they are ignored.
+    tools: list[list[dict] | None] | None = None
 
 
 @dataclass
@@ -34,6 +39,9 @@ class Completion:
     # log-prob of each id under the raw model (temperature 1, no top-p), as GRPO needs
     logprobs: list[float]
     finish_reason: str = "length"  # "stop" (eos or stop string) | "length"
+    # drawn under a tool-call grammar. `logprobs` are still those of the unconstrained model:
+    # what DPO and RFT recompute; an importance ratio (GRPO) would need the masked distribution
+    constrained: bool = False
 
     @property
     def logprob(self) -> float:

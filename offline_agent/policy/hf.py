@@ -13,6 +13,10 @@ that generate does not, cheaply:
   the last one. So each distinct prompt is computed once, only past the longest prefix the
   PrefixCache holds from earlier calls, and the KV cache is then expanded to the n rows.
 
+With constrain="tools", a row asked with tools decodes under the grammar of one tool call
+(policy/grammar.py, policy/constrained.py): its own xgrammar matcher masks the logits it
+samples or argmaxes from; log-probs stay those of the raw logits.
+
 The cache is padded in the middle: [left pad][cached prefix][left pad][new tokens]. The
 attention mask hides the pad, and position ids count only real tokens. This is for
 decoder-only models with full attention (Llama, Qwen2, SmolLM, ...).
@@ -24,6 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from .base import Completion, Sampling
+from .grammar import CallGrammar, prompt_grammars
 from .kv_buffer import HEADROOM, new_cache
 from .models import resolve_model
 from .prefix_cache import PrefixCache
@@ -114,7 +119,7 @@ class HFPolicy:
     """The Policy contract on a transformers causal LM. See the module docstring for the design."""
 
     def __init__(self, model, tokenizer, max_batch: int = 32, seed: int = 0,
-                 prefix_cache_gb: float = 2.0):
+                 prefix_cache_gb: float = 2.0, constrain: str = "none"):
         """`model` is used as it is: from_pretrained puts it in eval mode; a caller passing a model
         it trains (GRPO) does so itself and calls clear_cache() after each update."""
         self.model = model
@@ -128,11 +133,17 @@ class HFPolicy:
         self._rng = torch.Generator().manual_seed(seed)  # seeds calls whose Sampling.seed is None
         self.prefix_cache = PrefixCache(max_bytes=int(prefix_cache_gb * 2**30))
         self.num_layers = model.config.get_text_config().num_hidden_layers
+        self.grammars = None  # compiles and masks tool-call grammars (constrain="tools")
+        if constrain == "tools":
+            from .constrained import GrammarMasks
+
+            vocab = model.get_output_embeddings().weight.shape[0]
+            self.grammars = GrammarMasks(tokenizer, vocab, sorted(self.eos))
 
     @classmethod
     def from_pretrained(cls, model_id: str, device: str = "auto", dtype: str = "auto",
                         adapter: str | None = None, max_batch: int = 32, seed: int = 0,
-                        prefix_cache_gb: float = 2.0):
+                        prefix_cache_gb: float = 2.0, constrain: str = "none"):
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype == "auto":
@@ -148,7 +159,7 @@ class HFPolicy:
             # Merged: sampling runs at the base model's speed.
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
         return cls(model, tokenizer, max_batch=max_batch, seed=seed,
-                   prefix_cache_gb=prefix_cache_gb)
+                   prefix_cache_gb=prefix_cache_gb, constrain=constrain)
 
     def clear_cache(self) -> None:
         """Forget the kept prefix KV. Call this after changing the model's weights in place."""
@@ -159,12 +170,19 @@ class HFPolicy:
         """n completions per prompt. Completion.logprobs are under the raw model (temperature 1,
         no top-p), whatever the sampling settings."""
         rows, seeds, temperatures = call_rows(self.tokenizer, prompts, n, sampling, self._rng)
+        grammars = [g for g in self._grammars(sampling, len(prompts)) for _ in range(n)]
         out: list[Completion] = []
         for start in range(0, len(rows), self.max_batch):
             end = start + self.max_batch
             out += self._generate(rows[start:end], seeds[start:end], temperatures[start:end],
-                                  sampling)
+                                  sampling, grammars[start:end])
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def _grammars(self, sampling: Sampling, num_prompts: int) -> list[CallGrammar | None]:
+        """Each prompt's tool-call grammar; all None unless constrain="tools"."""
+        if self.grammars is None:
+            return [None] * num_prompts
+        return prompt_grammars(sampling, num_prompts)
 
     def score(self, prompt: str, continuations: list[str]) -> list[float]:
         """Summed log-prob of each continuation after the prompt (see choice_logprobs)."""
@@ -203,27 +221,36 @@ class HFPolicy:
         return out
 
     def _generate(self, rows: list[list[int]], seeds: list[int], temperatures: list[float],
-                  sampling: Sampling):
-        """Sample one completion per row (a prompt's ids) in one batched decode loop."""
+                  sampling: Sampling, grammars: list[CallGrammar | None]):
+        """Sample one completion per row (a prompt's ids) in one batched decode loop. A row
+        with a grammar draws only tokens its matcher allows (greedy too), and ends when the
+        matcher has accepted end-of-turn after the call."""
         cache, mask = self._prefill(rows)
         last = torch.tensor([r[-1] for r in rows], device=self.device)
         generators = [torch.Generator(self.device).manual_seed(s) for s in seeds]
         temps = torch.tensor(temperatures, device=self.device)
+        constrained = self.grammars.rows(grammars) if self.grammars else [None] * len(rows)
         ids: list[list[int]] = [[] for _ in rows]
         logprobs: list[list[float]] = [[] for _ in rows]
         active = list(range(len(rows)))  # rows still generating, in batch order
-        for _ in range(sampling.max_new_tokens):
+        for step in range(sampling.max_new_tokens):
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
             logits = self.model(last[:, None], attention_mask=mask,
                                 position_ids=mask.sum(1, keepdim=True) - 1, cache=cache)
             logits = logits.logits[:, -1].float()
-            tokens = _pick(logits, [generators[r] for r in active], temps, sampling.top_p)
+            allowed = logits
+            if any(constrained[r] for r in active):  # raw logits stay for the logprobs
+                allowed = self.grammars.mask(logits, [constrained[r] for r in active],
+                                             left=sampling.max_new_tokens - step)
+            tokens = _pick(allowed, [generators[r] for r in active], temps, sampling.top_p)
             token_logprobs = logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0].tolist()
             keep = []
             for i, r in enumerate(active):
                 ids[r].append(int(tokens[i]))
                 logprobs[r].append(token_logprobs[i])
-                if not self._stopped(ids[r], sampling.stop):
+                row = constrained[r]
+                if not (self.grammars.advance(row, ids[r][-1]) if row
+                        else self._stopped(ids[r], sampling.stop)):
                     keep.append(i)
             if not keep:
                 break
@@ -233,8 +260,15 @@ class HFPolicy:
                 mask, tokens, temps = mask[index], tokens[index], temps[index]
                 active = [active[i] for i in keep]
             last = tokens
-        return [finish(self.tokenizer, i, lp, sampling.stop, bool(i) and i[-1] in self.eos)
-                for i, lp in zip(ids, logprobs)]
+        return [self._finish(i, lp, sampling.stop, m is not None)
+                for i, lp, m in zip(ids, logprobs, constrained)]
+
+    def _finish(self, ids: list[int], logprobs: list[float], stop: list[str], constrained: bool):
+        """A constrained reply ends with its call: stop strings do not cut it."""
+        completion = finish(self.tokenizer, ids, logprobs, [] if constrained else stop,
+                            bool(ids) and ids[-1] in self.eos)
+        completion.constrained = constrained
+        return completion
 
     def _stopped(self, ids: list[int], stop: list[str]) -> bool:
         if ids[-1] in self.eos:

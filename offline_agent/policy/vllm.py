@@ -7,7 +7,9 @@ so BOS is never doubled. The Completion is rebuilt from the returned ids by the 
 `finish`, so both backends cut stop strings and keep eos the same way.
 
 Needs vLLM's V1 engine (>= 0.10.2) for `logprobs_mode="raw_logprobs"`. With it, the sampled
-tokens' log-probs come from the raw model, before temperature and top-p, as in HFPolicy.
+tokens' log-probs come from the raw model, before temperature, top-p and any grammar mask, as
+in HFPolicy. Tool-call grammars (constrain="tools") go through vLLM's structured outputs
+(`StructuredOutputsParams(grammar=...)`, vLLM >= 0.11), built by the same policy/grammar.py.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from transformers import AutoTokenizer
 
 from .base import Completion, Sampling
+from .grammar import CallGrammar, prompt_grammars
 from .hf import call_rows, encode_prompt, finish
 from .models import resolve_model
 
@@ -27,7 +30,8 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # values vLLM accepts for m
 
 class VLLMPolicy:
     def __init__(self, model_id: str, device: str = "auto", dtype: str = "auto",
-                 max_batch: int = 32, adapter: str | None = None, seed: int = 0):
+                 max_batch: int = 32, adapter: str | None = None, seed: int = 0,
+                 constrain: str = "none"):
         try:
             import vllm
             from vllm.lora.request import LoRARequest
@@ -57,23 +61,18 @@ class VLLMPolicy:
             **lora,
         )
         self._rng = torch.Generator().manual_seed(seed)  # seeds calls whose Sampling.seed is None
+        self.constrain = constrain
 
     def sample(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
         """n completions per prompt. Completion.logprobs are under the raw model (temperature 1,
         no top-p), whatever the sampling settings."""
         rows, seeds, temperatures = call_rows(self.tokenizer, prompts, n, sampling, self._rng)
-        params = [
-            self._vllm.SamplingParams(
-                temperature=temperatures[r],
-                top_p=sampling.top_p,
-                max_tokens=sampling.max_new_tokens,
-                stop=sampling.stop or None,
-                seed=seeds[r],
-                logprobs=0,  # only the sampled token's log-prob
-                skip_special_tokens=False,  # stop strings see the text HFPolicy sees
-            )
-            for r in range(len(rows))
-        ]
+        grammars = [None] * len(prompts)
+        if self.constrain == "tools":
+            grammars = prompt_grammars(sampling, len(prompts))
+        grammars = [g for g in grammars for _ in range(n)]
+        params = [self._params(sampling, temperatures[r], seeds[r], grammars[r])
+                  for r in range(len(rows))]
         outputs = self.llm.generate(
             [self._vllm.TokensPrompt(prompt_token_ids=row) for row in rows],
             params, use_tqdm=False, lora_request=self._lora,
@@ -83,8 +82,33 @@ class VLLMPolicy:
             logprobs = [step[t].logprob for t, step in zip(o.token_ids, o.logprobs)]
             # finish_reason "stop" with no stop string means eos (or a stop token id) ended it
             ended = o.finish_reason == "stop" and not isinstance(o.stop_reason, str)
-            out.append(finish(self.tokenizer, list(o.token_ids), logprobs, sampling.stop, ended))
+            constrained = grammars[len(out)] is not None
+            out.append(finish(self.tokenizer, list(o.token_ids), logprobs,
+                              [] if constrained else sampling.stop, ended))
+            out[-1].constrained = constrained
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def _params(self, sampling: Sampling, temperature: float, seed: int,
+                grammar: CallGrammar | None):
+        """One row's SamplingParams. A row with a grammar decodes under vLLM's structured
+        outputs and ends with its call (no stop strings), as in HFPolicy. vLLM has no hook for
+        the hf backend's closing steer (policy/constrained.py), so a call still open at
+        max_tokens is cut there and comes back invalid."""
+        structured = None
+        if grammar is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            structured = StructuredOutputsParams(grammar=grammar.text)
+        return self._vllm.SamplingParams(
+            temperature=temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            stop=None if grammar is not None else sampling.stop or None,
+            seed=seed,
+            logprobs=0,  # only the sampled token's log-prob
+            skip_special_tokens=False,  # stop strings see the text HFPolicy sees
+            structured_outputs=structured,
+        )
 
     def score(self, prompt: str, continuations: list[str]) -> list[float]:
         """Summed log-prob of each continuation after the prompt (see choice_logprobs)."""

@@ -50,7 +50,7 @@ class Node:
     critic_score: float | None = None  # in [0, 1]; siblings' scores sum to 1
     ending: float | None = None  # best reward of a listed action that ends the episode here
     info: dict = field(default_factory=dict)  # the env's StepResult.info (e.g. truncated)
-    snapshot: bytes = b""  # env state after this step, so search branches without replay
+    snapshot: dict = field(default_factory=dict)  # Env.snapshot() after this step (JSON data)
     created_sim: int = 0
     children: list[int] = field(default_factory=list)
 
@@ -109,6 +109,7 @@ class Sample:
     steps: list[Step]
     temperatures: list[float]
     seed: int
+    tools: list[dict] | None = None  # the state's Env.action_tools(), for constrained decoding
 
     @property
     def n(self) -> int:
@@ -210,7 +211,7 @@ def seed_for(base: int, task_id: str, simulation: int, purpose: str) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def finishing_steps(env: Env) -> list[tuple[Step, bytes]]:
+def finishing_steps(env: Env) -> list[tuple[Step, dict]]:
     """The env's listed actions that end the episode here, each with its step and end state.
 
     Tried on a snapshot and undone: env steps, no model call. A small policy often reaches
@@ -283,7 +284,8 @@ def simulate(
         temperatures = [cfg.expand_temperature] * (cfg.k * cfg.oversample)
         if cfg.expand_greedy:
             temperatures[0] = 0.0
-        proposals = yield Sample(task, first_obs, history, temperatures, seed)
+        proposals = yield Sample(task, first_obs, history, temperatures, seed,
+                                 env.action_tools())
         seen: set[str] = set()
         sampled, listed = [], []
         last = node.depth + 1 >= cfg.max_depth  # children at max depth end there
@@ -325,7 +327,7 @@ def simulate(
     # episode, and the simulation returns the best of those endings and its own
     steps = tree.steps(node)
     env.restore(node.snapshot)
-    endings: list[tuple[float, list[Step], bytes]] = []  # (reward, steps, final env state)
+    endings: list[tuple[float, list[Step], dict]] = []  # (reward, steps, final env snapshot)
     if node.terminal:
         endings.append((node.reward, steps, node.snapshot))
     else:
@@ -335,7 +337,8 @@ def simulate(
                 if any(e[0] >= SUCCESS for e in endings):
                     break  # nothing later does better
             seed = seed_for(cfg.seed, task.id, sim, f"rollout/{depth}")
-            (text,) = yield Sample(task, first_obs, steps, [cfg.rollout_temperature], seed)
+            (text,) = yield Sample(task, first_obs, steps, [cfg.rollout_temperature], seed,
+                                   env.action_tools())
             call, result = env.act(text)
             steps.append(Step(action=text, observation=result.observation, tool_call=call,
                               reward=result.reward, done=result.done, invalid=result.invalid,

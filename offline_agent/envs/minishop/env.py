@@ -101,6 +101,7 @@ class MiniShop(Env):
     name = "minishop"
     tools = TOOLS
     stop = ["\n"]  # the model likes to write a fake "Store: ..." line after its action
+    state_type = ShopState  # snapshots rebuild it from JSON (tuples stay tuples)
 
     def __init__(
         self,
@@ -238,6 +239,21 @@ class MiniShop(Env):
             product = self.catalog.by_id[s.item]
             return [f"click[{v}]" for _, vs in product.options for v in vs] + ["buy", "click[back]"]
         return []
+
+    def action_tools(self) -> list[dict]:
+        """Search on every page; click only what the open page lists (`available_actions`);
+        buy only on a product page."""
+        listed = self.available_actions()
+        targets = [a[len("click["):-1] for a in listed if a.startswith("click[")]
+        tools = [TOOLS[0]]
+        if targets:
+            click = TOOLS[1]["function"]
+            target = {**click["parameters"]["properties"]["target"], "enum": targets}
+            params = {**click["parameters"], "properties": {"target": target}}
+            tools.append({"type": "function", "function": {**click, "parameters": params}})
+        if "buy" in listed:
+            tools.append(TOOLS[2])
+        return tools
 
     # ---- hindsight --------------------------------------------------------------------------
     def achieved_task(self) -> Task | None:

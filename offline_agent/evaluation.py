@@ -1,0 +1,170 @@
+"""Evaluation: a policy's greedy episodes on held-out tasks, and the statistics that say how
+sure a comparison is.
+
+The statistics are pure functions over per-task numbers. Rates over tasks get a Wilson
+interval (right at 0 or 1 and for small n, where the normal one is not); means and ratios
+get a percentile bootstrap over tasks; a policy against base gets a *paired* bootstrap of
+the per-task differences, because both ran the same tasks and most of the variance is in
+the tasks (an easy task is solved by both), which an unpaired interval would count twice.
+
+numpy and the rollout (jinja2) are imported where used: the config imports EvalConfig, and
+`offline-agent status` should stay quick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from offline_agent.policy.base import Policy
+from offline_agent.types import Task, Trajectory, step_to_dict
+
+Z95 = 1.959963984540054  # two-sided 95% normal quantile
+LEVEL = 0.95
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class EvalConfig:
+    bootstrap: int = _f(2000, "bootstrap resamples of the tasks for the 95% intervals of means "
+                              "and of paired differences")
+    seed: int = _f(0, "seed of the bootstrap resampling (same seed, same intervals)")
+
+    def __post_init__(self):
+        if self.bootstrap < 100:
+            raise ValueError("eval.bootstrap must be >= 100 (fewer resamples give noisy "
+                             "interval ends)")
+
+
+# ---- statistics (pure) -----------------------------------------------------------------------
+def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:
+    """Wilson score interval of a binomial rate; None when there are no trials."""
+    if n == 0:
+        return None
+    if not 0 <= successes <= n:
+        raise ValueError(f"{successes} successes out of {n} trials")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def bootstrap_ci(values: Sequence[float], weights: Sequence[float] | None = None,
+                 samples: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """Percentile 95% interval of sum(values) / sum(weights) (weights None: the mean) over
+    the tasks resampled with replacement. Per-task pairs keep a ratio's clustering: the
+    invalid-action rate resamples episodes, not the correlated steps inside them."""
+    import numpy as np
+
+    num = np.asarray(values, dtype=float)
+    if num.size == 0:
+        return None
+    den = np.ones_like(num) if weights is None else np.asarray(weights, dtype=float)
+    if den.shape != num.shape or (den <= 0).any():
+        raise ValueError("weights must be positive, one per value")
+    idx = np.random.default_rng(seed).integers(0, num.size, size=(samples, num.size))
+    stats = num[idx].sum(axis=1) / den[idx].sum(axis=1)
+    lo, hi = np.quantile(stats, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return float(lo), float(hi)
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], samples: int = 2000,
+                      seed: int = 0) -> tuple[float, tuple[float, float] | None]:
+    """Mean of a - b over the same tasks (index i of both is task i) and its paired
+    bootstrap 95% interval."""
+    import numpy as np
+
+    if len(a) != len(b):
+        raise ValueError(f"paired values differ in length: {len(a)} vs {len(b)}")
+    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    if diff.size == 0:
+        return float("nan"), None
+    return float(diff.mean()), bootstrap_ci(diff, samples=samples, seed=seed)
+
+
+# ---- summaries ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Episode:
+    """What the statistics need of one evaluation episode."""
+
+    task_id: str
+    reward: float
+    success: bool
+    steps: int
+    invalid: int
+
+    @classmethod
+    def from_row(cls, row: dict) -> Episode:
+        """From a stored eval_episodes row (steps as step dicts)."""
+        return cls(row["task_id"], float(row["reward"]), bool(row["success"]),
+                   len(row["steps"]), sum(bool(s["invalid"]) for s in row["steps"]))
+
+
+def _ci(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None else [round(interval[0], 4), round(interval[1], 4)]
+
+
+def summarize(episodes: Sequence[Episode], cfg: EvalConfig) -> dict:
+    """Success rate, mean reward, invalid-action rate and mean steps, each with its 95%
+    interval (`ci95` is the success rate's)."""
+    n = len(episodes)
+    boot = dict(samples=cfg.bootstrap, seed=cfg.seed)
+    reward = [e.reward for e in episodes]
+    wins = sum(e.success for e in episodes)
+    total_steps = sum(e.steps for e in episodes)
+    return {
+        "n_tasks": n,
+        "success_rate": round(wins / n, 4) if n else None,
+        "ci95": _ci(wilson(wins, n)),
+        "mean_reward": round(sum(reward) / n, 4) if n else None,
+        "mean_reward_ci95": _ci(bootstrap_ci(reward, **boot)),
+        "invalid_rate": round(sum(e.invalid for e in episodes) / total_steps, 4)
+        if total_steps else None,
+        "invalid_rate_ci95": _ci(bootstrap_ci([e.invalid for e in episodes],
+                                              [e.steps for e in episodes], **boot)),
+        "mean_steps": round(total_steps / n, 3) if n else None,
+        "mean_steps_ci95": _ci(bootstrap_ci([e.steps for e in episodes], **boot)),
+    }
+
+
+def compare(policy: Sequence[Episode], base: Sequence[Episode], cfg: EvalConfig) -> dict:
+    """Policy minus base on the tasks both ran: success rate and mean reward, each with a
+    paired bootstrap 95% interval."""
+    mine = {e.task_id: e for e in policy}
+    theirs = {e.task_id: e for e in base}
+    common = sorted(mine.keys() & theirs.keys())
+    boot = dict(samples=cfg.bootstrap, seed=cfg.seed)
+    success, success_ci = paired_difference([mine[t].success for t in common],
+                                            [theirs[t].success for t in common], **boot)
+    reward, reward_ci = paired_difference([mine[t].reward for t in common],
+                                          [theirs[t].reward for t in common], **boot)
+    return {
+        "n_tasks": len(common),
+        "success_rate": round(success, 4) if common else None,
+        "ci95": _ci(success_ci),
+        "mean_reward": round(reward, 4) if common else None,
+        "mean_reward_ci95": _ci(reward_ci),
+    }
+
+
+# ---- running -----------------------------------------------------------------------------------
+def episode_row(trajectory: Trajectory) -> dict:
+    """A finished episode as an eval_episodes row (without policy, mode and stage)."""
+    return {"task_id": trajectory.task_id,
+            "steps": [step_to_dict(s) for s in trajectory.steps],
+            "reward": trajectory.reward, "success": trajectory.success}
+
+
+def greedy_episodes(policy: Policy, make_env: Callable, tasks: list[Task], batch_size: int,
+                    on_done: Callable[[Trajectory], None]) -> list[Trajectory]:
+    """Play every task greedily (temperature 0), all envs in lockstep, `batch_size` at a
+    time; `on_done` gets each episode as it ends, so a caller can commit it at once."""
+    from offline_agent.rollout import run_episodes
+
+    return run_episodes(policy, make_env, tasks, temperature=0.0, seed=0,
+                        batch_size=batch_size, on_done=on_done)

@@ -1,0 +1,75 @@
+"""Training settings. Lives beside the trainers so `offline_agent` never imports `pipelines`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+POLICIES = ("rft", "dpo_outcome", "dpo_step", "dpo_step_outcome")
+LOSSES = ("sigmoid", "ipo", "rpo")
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    policies: list[str] = field(
+        default_factory=lambda: ["rft", "dpo_outcome", "dpo_step"],
+        metadata={"help": "policies to train: rft (masked SFT on the RFT set), dpo_outcome "
+                          "(trajectory pairs), dpo_step (Agent Q step pairs), dpo_step_outcome "
+                          "(step and trajectory pairs together)"})
+    loss: str = _f("sigmoid", "DPO loss: sigmoid (DPO), ipo, or rpo (DPO + rpo_alpha * NLL of "
+                              "the chosen actions)")
+    beta: float = _f(0.1, "DPO temperature: how far the policy may move from the reference")
+    rpo_alpha: float = _f(1.0, "weight of the chosen-action NLL in the rpo loss")
+    lr: float = _f(1e-4, "peak learning rate (AdamW), reached after warmup_steps")
+    warmup_steps: int = _f(2, "linear warmup steps; the rate then decays linearly to 0")
+    weight_decay: float = _f(0.0, "AdamW weight decay of the adapter weights")
+    epochs: int = _f(2, "passes over a policy's pairs (or RFT examples)")
+    max_steps: int = _f(0, "stop after this many optimizer steps; 0: epochs decide")
+    batch_size: int = _f(8, "pairs (RFT: examples) per optimizer step")
+    pack_tokens: int = _f(3072, "most tokens in one forward: a step's sequences are packed into "
+                                "prefix tries (a shared prefix is computed once) of at most this "
+                                "many tokens, gradients accumulated over the forwards")
+    max_pairs: int = _f(0, "cap on a policy's pairs (RFT: examples), a seeded sample; 0: all")
+    lora_r: int = _f(16, "LoRA rank")
+    lora_alpha: int = _f(32, "LoRA scaling numerator (scale = alpha / r)")
+    lora_dropout: float = _f(0.0, "dropout on the LoRA input")
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                 "gate_proj", "up_proj", "down_proj"],
+        metadata={"help": "linear layers that get LoRA adapters"})
+    quantization: str = _f("none", "none, or 4bit: QLoRA, the base in NF4 via bitsandbytes")
+    gradient_checkpointing: bool = _f(False, "recompute activations in backward: less memory, "
+                                             "one more forward of time")
+    dtype: str = _f("auto", "auto (bfloat16 on a GPU that supports it, else float32), "
+                            "float32 or bfloat16")
+    save_every: int = _f(10, "checkpoint (adapter, optimizer, scheduler, data order, RNG) every "
+                             "this many steps; the final adapter is always saved")
+    seed: int = _f(0, "seed of data order, pair sampling, LoRA init and dropout")
+    report_to: str = _f("none", "none, or tensorboard: also log metrics under "
+                                "RUN_DIR/checkpoints/train/<policy>/tb")
+    merge: bool = _f(False, "also write the merged full model to "
+                            "RUN_DIR/checkpoints/train/<policy>/merged")
+
+    def __post_init__(self):
+        for p in self.policies:
+            if p not in POLICIES:
+                raise ValueError(f"train.policies: unknown policy {p!r}; known: {', '.join(POLICIES)}")
+        if len(set(self.policies)) != len(self.policies):
+            raise ValueError(f"train.policies lists a policy twice: {self.policies}")
+        checks = {"loss": (self.loss, LOSSES), "quantization": (self.quantization, ("none", "4bit")),
+                  "dtype": (self.dtype, ("auto", "float32", "bfloat16")),
+                  "report_to": (self.report_to, ("none", "tensorboard"))}
+        for name, (value, allowed) in checks.items():
+            if value not in allowed:
+                raise ValueError(f"train.{name} must be one of {', '.join(allowed)}, got {value!r}")
+        for name in ("epochs", "batch_size", "pack_tokens", "lora_r", "save_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1")
+        for name in ("max_steps", "max_pairs", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0")
+        if self.beta <= 0 or self.lr <= 0:
+            raise ValueError("train.beta and train.lr must be > 0")

@@ -1,0 +1,46 @@
+"""Train one policy from its data: build the model, encode the data, run the loop, save."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from .config import TrainConfig
+from .dpo import DPOObjective, load_or_compute_reference
+from .logprobs import encode_example, encode_pair
+from .model import add_lora, load_base, write_merged
+from .rft import RFTObjective
+from .trainer import train
+
+
+def fit_policy(policy: str, rows: list[dict], model_id: str, cfg: TrainConfig, folder: Path, *,
+               adapter: str | None = None, resume: str | None = None,
+               on_metrics: Callable[[int, dict], None] = lambda s, m: None,
+               on_checkpoint: Callable[[int, Path], None] = lambda s, f: None) -> dict:
+    """Train `policy` (rft: rows are examples; dpo_*: rows are pairs) into folder/final.
+
+    `adapter`: a previous policy merged into the base first, so it is the reference.
+    Returns the last step's metrics plus the data counts.
+    """
+    from accelerate import Accelerator
+
+    if not rows:
+        raise ValueError(f"policy {policy!r}: no training data")
+    accelerator = Accelerator()
+    model, tokenizer = load_base(model_id, cfg, str(accelerator.device), adapter)
+    model = add_lora(model, cfg)
+    folder = Path(folder)
+    if policy == "rft":
+        items = [[encode_example(tokenizer, r)] for r in rows]
+        objective = RFTObjective(items)
+    else:
+        items = [list(encode_pair(tokenizer, r)) for r in rows]
+        reference = load_or_compute_reference(model, items, [r["pair_id"] for r in rows],
+                                              cfg.pack_tokens, folder)
+        objective = DPOObjective(items, reference, cfg)
+    metrics = train(model, objective, cfg, folder, accelerator, resume=resume,
+                    on_metrics=on_metrics, on_checkpoint=on_checkpoint)
+    if cfg.merge and accelerator.is_main_process:
+        write_merged(model_id, str(folder / "final"), str(folder / "merged"), cfg)
+    return {**metrics, "items": len(items),
+            "action_tokens": sum(s.action_tokens for seqs in items for s in seqs)}

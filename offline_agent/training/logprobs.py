@@ -1,0 +1,164 @@
+"""Summed masked log-probs of many sequences in one forward, each shared prefix computed once.
+
+Sequences come from `offline_agent.chat` (ids and action mask; no second masking path). A
+group of them is packed as a prefix trie flattened into one row: every distinct prefix is one
+token of the row, each token attends exactly to its ancestors (a 4D mask) and sits at its
+depth (position ids). A token's logits are then the same as in a separate forward of any
+sequence through it, so chosen and rejected share their prompt, and all pairs of a step share
+the system prompt and demonstration, computed once.
+
+Gradient through a shared prefix: exact. The prefix's activations are one node of the graph
+that every sequence through it reads, so backward sums their contributions, the same sum
+separate forwards of each sequence would give; nothing is detached.
+
+Only rows that predict an action token go through the LM head (`logits_to_keep`), so prompt
+and observation tokens never get logits at all: their gradient is zero by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from offline_agent.chat import encode_prompt_completion, encode_with_mask
+from offline_agent.types import Message
+
+
+@dataclass
+class Encoded:
+    """One training sequence: token ids and its action mask (1 = a token the policy wrote)."""
+
+    ids: list[int]
+    mask: list[int]
+
+    @property
+    def action_tokens(self) -> int:
+        return sum(self.mask)
+
+
+def messages(dicts: list[dict]) -> list[Message]:
+    """Chat dicts (TRL conversational format) -> Messages; tool_calls are not rendered."""
+    return [Message(d["role"], d["content"]) for d in dicts]
+
+
+def encode_pair(tokenizer, pair: dict) -> tuple[Encoded, Encoded]:
+    """(chosen, rejected) of a step or trajectory pair: prompt + completion, masked only on the
+    completion's assistant turns (its tool turns are context)."""
+    prompt = messages(pair["prompt"])
+    out = []
+    for side in ("chosen", "rejected"):
+        ids, mask = encode_prompt_completion(tokenizer, prompt, messages(pair[side]))
+        if not any(mask):
+            raise ValueError(f"pair {pair.get('pair_id')}: {side} has no assistant turn to train on")
+        out.append(Encoded(ids, mask))
+    return out[0], out[1]
+
+
+def encode_example(tokenizer, example: dict) -> Encoded:
+    """An RFT / hindsight example: the whole conversation, masked on every assistant turn."""
+    ids, mask = encode_with_mask(tokenizer, messages(example["messages"]))
+    if not any(mask):
+        raise ValueError(f"example {example.get('example_id')}: no assistant turn to train on")
+    return Encoded(ids, mask)
+
+
+class Trie:
+    """Token prefix trie; nodes are numbered in insertion order (a parent before its children)."""
+
+    def __init__(self):
+        self.parent: list[int] = []
+        self.token: list[int] = []
+        self.depth: list[int] = []
+        self._children: list[dict[int, int]] = []
+        self._roots: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.token)
+
+    def add(self, ids: list[int]) -> list[int]:
+        """Insert a sequence; returns its node per position."""
+        path, kids, parent = [], self._roots, -1
+        for t in ids:
+            if t not in kids:
+                kids[t] = len(self.token)
+                self.parent.append(parent)
+                self.token.append(t)
+                self.depth.append(len(path))
+                self._children.append({})
+            parent = kids[t]
+            path.append(parent)
+            kids = self._children[parent]
+        return path
+
+
+@dataclass
+class Packed:
+    """A group of sequences as one flattened trie, ready for one forward."""
+
+    ids: torch.Tensor        # (1, L) node tokens
+    positions: torch.Tensor  # (1, L) node depths
+    allowed: torch.Tensor    # (L, L) bool: row attends to column (its ancestors and itself)
+    rows: torch.Tensor       # (T,) node whose logits predict each action token
+    targets: torch.Tensor    # (T,) the action token
+    owner: torch.Tensor      # (T,) index of the sequence it belongs to
+    num_seqs: int
+
+
+def pack(seqs: list[Encoded]) -> Packed:
+    trie, rows, targets, owner = Trie(), [], [], []
+    for s, seq in enumerate(seqs):
+        if seq.mask and seq.mask[0]:
+            raise ValueError("a sequence cannot start with an action token (nothing predicts it)")
+        path = trie.add(seq.ids)
+        for i, m in enumerate(seq.mask):
+            if m:
+                rows.append(path[i - 1])
+                targets.append(seq.ids[i])
+                owner.append(s)
+    n = len(trie)
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for node, parent in enumerate(trie.parent):  # parents come first: copy their row
+        if parent >= 0:
+            allowed[node] = allowed[parent]
+        allowed[node, node] = True
+    return Packed(torch.tensor([trie.token]), torch.tensor([trie.depth]), allowed,
+                  torch.tensor(rows), torch.tensor(targets), torch.tensor(owner), len(seqs))
+
+
+def groups(items: list[list[Encoded]], budget: int) -> list[list[int]]:
+    """Split items (each a list of sequences that go together, e.g. a pair) into consecutive
+    groups whose tries hold at most `budget` tokens; an item bigger than that goes alone."""
+    out: list[list[int]] = []
+    trie = Trie()
+    for i, seqs in enumerate(items):
+        before = len(trie)
+        for seq in seqs:
+            trie.add(seq.ids)
+        if not out or (len(trie) > budget and before):
+            trie = Trie()
+            for seq in seqs:
+                trie.add(seq.ids)
+            out.append([])
+        out[-1].append(i)
+    return out
+
+
+def sequence_logps(model, packed: Packed) -> torch.Tensor:
+    """Summed log-prob of each packed sequence's action tokens: shape (num_seqs,), float32.
+
+    One forward over the flattened trie. Only the rows that predict an action token reach the
+    LM head; log-softmax is taken in float32.
+    """
+    device = next(model.parameters()).device
+    dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
+    keep, where = torch.unique(packed.rows, return_inverse=True)
+    bias = torch.zeros(packed.allowed.shape, dtype=dtype)
+    bias.masked_fill_(~packed.allowed, torch.finfo(dtype).min)
+    logits = model(input_ids=packed.ids.to(device), position_ids=packed.positions.to(device),
+                   attention_mask=bias[None, None].to(device),
+                   logits_to_keep=keep.to(device)).logits[0].float()
+    picked = logits[where.to(device), packed.targets.to(device)]
+    token_logps = picked - logits.logsumexp(-1)[where.to(device)]
+    out = torch.zeros(packed.num_seqs, device=device, dtype=torch.float32)
+    return out.index_add(0, packed.owner.to(device), token_logps)

@@ -1,0 +1,126 @@
+"""The one training loop, shared by DPO and RFT (the objective says what a loss is).
+
+Under `accelerate launch` the same loop runs in every process: each takes its share of a
+step's items, and adapter gradients are summed across processes before the optimizer step
+(so processes may run different numbers of packed forwards). On CPU it is one process.
+
+Checkpoints (see checkpoint.py) hold everything a resume needs to give the same next loss as
+an uninterrupted run: adapter, optimizer, scheduler, data order, RNG state.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from . import checkpoint
+from .config import TrainConfig
+from .logprobs import groups
+
+# Test hook: SIGKILL this process right after the optimizer step with this number (and its
+# checkpoint, if one is due), to test resume after a hard kill deterministically.
+KILL_AFTER = "OFFLINE_AGENT_TRAIN_KILL_AFTER_STEP"
+
+
+def data_order(n: int, epochs: int, seed: int) -> list[int]:
+    """Item indices for the whole run: one seeded permutation per epoch, concatenated."""
+    g = torch.Generator().manual_seed(seed)
+    return [i for _ in range(epochs) for i in torch.randperm(n, generator=g).tolist()]
+
+
+def num_steps(n: int, cfg: TrainConfig) -> int:
+    steps = math.ceil(n * cfg.epochs / cfg.batch_size)
+    return min(steps, cfg.max_steps) if cfg.max_steps else steps
+
+
+def schedule(warmup: int, total: int) -> Callable[[int], float]:
+    """LR factor of step s: linear warmup over `warmup` steps, then linear decay to 0."""
+    return lambda s: min(1.0, (s + 1) / (warmup + 1)) * max(0.0, (total - s) / total)
+
+
+def train(model, objective, cfg: TrainConfig, folder: Path, accelerator, *,
+          resume: str | None = None, on_metrics: Callable[[int, dict], None] = lambda s, m: None,
+          on_checkpoint: Callable[[int, Path], None] = lambda s, f: None) -> dict:
+    """Train `model` (a PEFT model) on `objective.items`; returns the last step's metrics and
+    the number of steps done (key "step").
+
+    Checkpoints go to folder/step-<n> (the previous one is deleted once the new one is
+    recorded by on_checkpoint); the final adapter to folder/final.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    order = data_order(len(objective.items), cfg.epochs, cfg.seed)
+    total = num_steps(len(objective.items), cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(cfg.warmup_steps, total))
+    model, optimizer = accelerator.prepare(model, optimizer)
+    plain = accelerator.unwrap_model(model)
+    start = 0
+    if resume:
+        start, order = checkpoint.load(Path(resume), plain, optimizer, scheduler)
+    model.train()
+    kill_after = int(os.environ.get(KILL_AFTER, "0"))
+    metrics: dict = {}
+    for step in range(start, total):
+        indices = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
+        metrics = run_step(model, objective, indices, params, optimizer, scheduler, cfg,
+                           accelerator)
+        on_metrics(step + 1, metrics)
+        if (step + 1) % cfg.save_every == 0 and step + 1 < total:
+            _save_step(folder, plain, optimizer, scheduler, step + 1, order, accelerator,
+                       on_checkpoint)
+        if step + 1 == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+    if accelerator.is_main_process:
+        checkpoint.write_atomic(folder / "final", plain.save_pretrained)
+    return {**metrics, "step": total}
+
+
+def _save_step(folder, plain, optimizer, scheduler, step, order, accelerator, on_checkpoint):
+    if not accelerator.is_main_process:
+        return
+    previous = sorted(folder.glob("step-*"))
+    saved = checkpoint.save(folder / f"step-{step}", plain, optimizer, scheduler, step, order)
+    on_checkpoint(step, saved)
+    for old in previous:  # keep only the checkpoint the store points at
+        if old != saved:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def run_step(model, objective, indices: list[int], params, optimizer, scheduler,
+             cfg: TrainConfig, accelerator) -> dict:
+    """One optimizer step over `indices`: this process's share, packed into forwards of at
+    most cfg.pack_tokens tokens, gradients accumulated; returns the step's metrics."""
+    began = time.perf_counter()
+    mine = indices[accelerator.process_index::accelerator.num_processes]
+    items = [objective.items[i] for i in mine]
+    sums: dict = {}
+    tokens = 0
+    for group in groups(items, cfg.pack_tokens):
+        group = [mine[g] for g in group]
+        with accelerator.no_sync(model):
+            loss, stats = objective.group_loss(model, group, indices)
+            accelerator.backward(loss)
+        for k, v in stats.items():
+            sums[k] = sums.get(k, 0.0) + v
+        tokens += sum(len(s.ids) for i in group for s in objective.items[i])
+    if accelerator.num_processes > 1:
+        for p in params:
+            p.grad = accelerator.reduce(p.grad if p.grad is not None else torch.zeros_like(p),
+                                        "sum")
+        sums = {k: accelerator.reduce(torch.tensor(v, device=accelerator.device), "sum").item()
+                for k, v in sums.items()}
+        tokens = int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), "sum"))
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    seconds = time.perf_counter() - began
+    return {**objective.metrics(sums, indices), "lr": lr, "tokens": tokens,
+            "tokens_per_s": tokens / seconds, "seconds": seconds}

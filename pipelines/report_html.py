@@ -1,0 +1,143 @@
+"""The run report as one self-contained HTML page: tables, and matplotlib charts inlined as SVG
+(no script, no network, opens from a file or a copied folder).
+
+Input is report.json's dict (pipelines/stages/report.py), so the page shows exactly what the
+JSON holds; every section says so when its part of the run is missing.
+"""
+
+from __future__ import annotations
+
+import io
+from html import escape
+
+from pipelines.stages.report import COLUMNS, comparison_cells
+
+STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1100px;
+       color: #222; padding: 0 16px; }
+h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; margin: 8px 0; }
+th, td { padding: 4px 10px; border-bottom: 1px solid #eee; text-align: left;
+         font-variant-numeric: tabular-nums; vertical-align: top; }
+th { background: #f5f5f5; white-space: nowrap; } .missing { color: #888; font-style: italic; }
+.note { color: #555; font-size: 13px; } svg { max-width: 100%; height: auto; }
+.grid { display: flex; flex-wrap: wrap; gap: 24px; }
+"""
+
+
+def render(report: dict) -> str:
+    parts = [
+        f"<h1>offline-agent run {escape(str(report['run_id']))}</h1>",
+        f"<p class='note'>generated {escape(report['generated_at'])}; numbers from "
+        "report.json next to this page</p>",
+        "<h2>Policies on the held-out test tasks</h2>", _comparison(report["policies"]),
+        "<h2>Success by policy</h2>", _success_chart(report["policies"]),
+        "<h2>Training</h2>", _training(report["training"]),
+        "<h2>Search</h2>", _search(report["stages"]),
+        "<h2>Data</h2>", _data(report["data"]),
+        "<h2>Stages</h2>", _stages(report["stages"]),
+    ]
+    return ("<!doctype html><html><head><meta charset='utf-8'>"
+            f"<title>offline-agent report {escape(str(report['run_id']))}</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>")
+
+
+def _missing(text: str) -> str:
+    return f"<p class='missing'>{escape(text)}</p>"
+
+
+def _table(header: list[str], rows: list[list]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in r) + "</tr>"
+                   for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _comparison(policies: list[dict]) -> str:
+    if not policies:
+        return _missing("No evaluation episodes yet (the eval stage has not run).")
+    note = ("<p class='note'>success: Wilson 95% interval; mean reward: bootstrap 95% interval "
+            "over tasks; vs base: mean per-task difference on the tasks both policies played, "
+            "paired bootstrap 95% interval (it excludes 0 when the difference is clear).</p>")
+    return _table(COLUMNS, [comparison_cells(e) for e in policies]) + note
+
+
+def _svg(fig) -> str:
+    """A matplotlib figure as an inline <svg> element (text kept as text)."""
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight")
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _success_chart(policies: list[dict]) -> str:
+    from matplotlib.figure import Figure
+
+    if not policies:
+        return _missing("Nothing to plot yet.")
+    fig = Figure(figsize=(max(4.0, 1.1 * len(policies) + 1.5), 3.2))
+    ax = fig.subplots()
+    labels = [e["policy"] + ("" if e["mode"] == "greedy" else f" +{e['mode']}") for e in policies]
+    rates = [100 * (e["success_rate"] or 0) for e in policies]
+    lo = [r - 100 * e["ci95"][0] if e["ci95"] else 0 for r, e in zip(rates, policies)]
+    hi = [100 * e["ci95"][1] - r if e["ci95"] else 0 for r, e in zip(rates, policies)]
+    ax.bar(labels, rates, width=0.6, yerr=[lo, hi], capsize=6, color="#4c78a8")
+    for i, (rate, up, e) in enumerate(zip(rates, hi, policies)):
+        ax.annotate(f"{rate:.1f}% (n={e['n_tasks']})", (i, rate + up), xytext=(0, 4),
+                    textcoords="offset points", ha="center", fontsize=8)
+    ax.set_ylabel("greedy success (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(axis="y", alpha=0.3)
+    return _svg(fig) + "<p class='note'>error bars: Wilson 95% intervals</p>"
+
+
+def _training(curves: dict[str, list[dict]]) -> str:
+    from matplotlib.figure import Figure
+
+    if not curves:
+        return _missing("No training metrics yet (the train stage has not run or wrote none).")
+    keys = [k for k in ("loss", "margin") if any(k in p for c in curves.values() for p in c)]
+    fig = Figure(figsize=(5.2 * max(len(keys), 1), 3.2))
+    axes = fig.subplots(1, len(keys), squeeze=False)[0]
+    for ax, key in zip(axes, keys):
+        for name, points in curves.items():
+            xy = [(p["step"], p[key]) for p in points if p.get(key) is not None]
+            if xy:
+                ax.plot(*zip(*xy), label=name, marker="." if len(xy) < 40 else None)
+        ax.set_xlabel("optimizer step")
+        ax.set_title("reward margin" if key == "margin" else key)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    last = [[name, points[-1]["step"], *(_fmt(points[-1].get(k)) for k in keys)]
+            for name, points in curves.items()]
+    return _svg(fig) + _table(["policy", "last step", *keys], last)
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _search(stages: list[dict]) -> str:
+    rows = [r for r in stages if r["stage"] in ("baseline", "search") and r["stats"]]
+    if not rows:
+        return _missing("No baseline or search statistics yet.")
+    keys = list(dict.fromkeys(k for r in rows for k in r["stats"]))
+    header = ["statistic"] + [r["stage"] + (f" [{r['shard']}]" if r["shard"] else "")
+                              for r in rows]
+    return _table(header, [[k] + [_fmt(r["stats"].get(k)) for r in rows] for k in keys])
+
+
+def _data(data: dict) -> str:
+    rows = [[group, kind, n] for group, counts in data.items() for kind, n in counts.items()]
+    return _table(["table", "kind", "rows"], rows) if rows else _missing("No data yet.")
+
+
+def _stages(stages: list[dict]) -> str:
+    if not stages:
+        return _missing("No stage has run.")
+    rows = [[r["stage"] + (f" [{r['shard']}]" if r["shard"] else ""), r["status"],
+             "-" if r["seconds"] is None else f"{r['seconds']:.1f}"] for r in stages]
+    return _table(["stage", "status", "seconds (last attempt)"], rows)

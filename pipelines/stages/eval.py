@@ -1,0 +1,81 @@
+"""Stage `eval`: greedy episodes on the held-out test tasks, for the base model and for every
+policy the train stage finished.
+
+Trained policies are found in the store (checkpoints `train/<policy>/final`, written once
+the adapter folder is complete), so the stage needs no list of them. Each episode is
+committed as it ends; a resumed stage skips the (policy, mode, task) rows it already has.
+The statistics are left to the report, which recomputes them from the rows.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+from offline_agent.evaluation import Episode, episode_row, greedy_episodes, summarize
+from offline_agent.types import Trajectory
+from pipelines.runner import StageContext
+
+MODE = "greedy"
+BASE = "base"
+
+
+def eval_policies(store, run_dir: Path) -> dict[str, str | None]:
+    """{policy: adapter folder}: base (no adapter), then each finished trained policy.
+    A relative folder is relative to the run directory."""
+    out: dict[str, str | None] = {BASE: None}
+    for name, value in store.final_checkpoints("train").items():
+        folder = Path(value["folder"])
+        folder = folder if folder.is_absolute() else run_dir / folder
+        if not (folder / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"policy {name!r}: the train stage recorded adapter folder "
+                                    f"{folder}, which holds no adapter_config.json")
+        out[name] = str(folder)
+    return out
+
+
+def run_eval(ctx: StageContext) -> dict:
+    cfg, store = ctx.cfg, ctx.store
+    tasks = store.tasks("test")
+    policies = eval_policies(store, ctx.run_dir)
+    total = len(tasks) * len(policies)
+    done = sum(len(store.eval_tasks(p, MODE)) for p in policies)
+    for name, adapter in policies.items():
+        have = store.eval_tasks(name, MODE)
+        todo = [t for t in tasks if t.id not in have]
+        if not todo:
+            continue
+        print(f"eval: {name}: {len(todo)} of {len(tasks)} test tasks to play", flush=True)
+
+        def on_done(t: Trajectory, name: str = name) -> None:
+            nonlocal done
+            store.insert_eval_episodes([{**episode_row(t), "policy": name, "mode": MODE}],
+                                       ctx.stage)
+            done += 1
+            ctx.progress.update(policy=name, episodes_done=done, episodes=total)
+
+        _play(ctx, adapter, todo, on_done)
+    stats = {}
+    for name in policies:
+        summary = summarize([Episode.from_row(r) for r in store.eval_episodes(name, MODE)],
+                            cfg.eval)
+        stats[name] = {k: summary[k] for k in ("n_tasks", "success_rate", "ci95", "mean_reward")}
+    with store.transaction():
+        ctx.finish(stats)
+    return stats
+
+
+def _play(ctx: StageContext, adapter: str | None, tasks, on_done) -> None:
+    """Load one policy, play its tasks, free it before the next policy loads."""
+    from offline_agent.envs.base import load_env
+    from offline_agent.policy import load_policy
+
+    cfg = ctx.cfg
+    model = {**vars(cfg.model), "adapter": adapter or cfg.model.adapter}
+    policy = load_policy(**model, seed=cfg.run.seed)
+    try:
+        greedy_episodes(policy, lambda: load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs),
+                        tasks, batch_size=cfg.model.max_batch, on_done=on_done)
+    finally:
+        del policy
+        gc.collect()

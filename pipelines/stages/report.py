@@ -1,0 +1,151 @@
+"""Stage `report` (and `offline-agent report RUN_DIR`): report/report.json and report/index.html
+from what the run stored, whatever stage it reached.
+
+Everything is recomputed from the store's rows (evaluation episodes, stage rows, metrics,
+counts), so a stopped run, a run without training or one evaluated only for base renders
+too: a missing part is an empty list or mapping, and the page says it is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from pathlib import Path
+
+from offline_agent.evaluation import Episode, EvalConfig, compare, summarize
+from pipelines.runner import StageContext
+from pipelines.stages.eval import BASE, MODE
+from storage import Store
+
+
+def run_report(ctx: StageContext) -> dict:
+    report = build_report(ctx.store, ctx.cfg.eval)
+    path = write_report(ctx.run_dir, report)
+    print(comparison_table(report), flush=True)
+    print(f"report: {path}", flush=True)
+    stats = {"policies": len(report["policies"]), "html": str(path)}
+    with ctx.store.transaction():
+        ctx.finish(stats)
+    return stats
+
+
+def eval_config(store: Store) -> EvalConfig:
+    """The interval settings the run was last started with (defaults for older runs)."""
+    runs = store.runs()
+    return EvalConfig(**(runs[-1]["config"].get("eval", {}) if runs else {}))
+
+
+def build_report(store: Store, cfg: EvalConfig) -> dict:
+    runs = store.runs()
+    return {
+        "run_id": store.run_id,
+        "generated_at": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "config": runs[-1]["config"] if runs else None,
+        "policies": policy_results(store, cfg),
+        "stages": stage_rows(store),
+        "data": {
+            "tasks": store.count_by("tasks", "split"),
+            "trajectories": store.count_by("trajectories", "source"),
+            "pairs": store.count_by("pairs", "kind"),
+            "examples": store.count_by("examples", "kind"),
+        },
+        "training": training_curves(store),
+    }
+
+
+def policy_results(store: Store, cfg: EvalConfig) -> list[dict]:
+    """One entry per evaluated (policy, mode): base first, then trained policies in the
+    order training finished them; each but base with its paired difference to base."""
+    runs: dict[tuple[str, str], list[Episode]] = {}
+    for row in store.eval_episodes():
+        runs.setdefault((row["policy"], row["mode"]), []).append(Episode.from_row(row))
+    rank = {name: i for i, name in enumerate([BASE, *store.final_checkpoints("train")])}
+    order = sorted(runs, key=lambda k: (rank.get(k[0], len(rank)), k[0], k[1] != MODE, k[1]))
+    base = runs.get((BASE, MODE))
+    out = []
+    for policy, mode in order:
+        entry = {"policy": policy, "mode": mode, **summarize(runs[policy, mode], cfg)}
+        is_base = (policy, mode) == (BASE, MODE)
+        entry["delta_vs_base"] = (compare(runs[policy, mode], base, cfg)
+                                  if base and not is_base else None)
+        out.append(entry)
+    return out
+
+
+def stage_rows(store: Store) -> list[dict]:
+    """Each stage (and shard) with its status, seconds of its last attempt and stats."""
+    rows = []
+    for r in store.stages():
+        seconds = ((r["finished_at"] - r["started_at"]).total_seconds()
+                   if r["finished_at"] else None)
+        rows.append({"stage": r["stage"], "shard": r["shard"], "status": r["status"],
+                     "seconds": None if seconds is None else round(seconds, 1),
+                     "stats": r["stats"]})
+    return rows
+
+
+def training_curves(store: Store) -> dict[str, list[dict]]:
+    """{policy: [{"step": n, "loss": .., "margin": .., ...}]} from the train stage's metrics."""
+    curves: dict[str, list[dict]] = {}
+    for row in store.metrics("train"):
+        curves.setdefault(row["series"], []).append({"step": row["step"], **row["data"]})
+    return curves
+
+
+def write_report(run_dir: Path, report: dict) -> Path:
+    """RUN_DIR/report/report.json and index.html, each replaced atomically; the page's path."""
+    from pipelines.report_html import render
+
+    out = Path(run_dir) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in (("report.json", json.dumps(report, indent=1, default=str)),
+                       ("index.html", render(report))):
+        tmp = out / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+    return out / "index.html"
+
+
+def _pct(value: float | None, ci: list[float] | None, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    sign = "+" if signed else ""
+    text = f"{value * 100:{sign}.1f}%"
+    return text + (f" [{ci[0] * 100:{sign}.1f}, {ci[1] * 100:{sign}.1f}]" if ci else "")
+
+
+def _num(value: float | None, ci: list[float] | None, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    sign = "+" if signed else ""
+    return f"{value:{sign}.3f}" + (f" [{ci[0]:{sign}.3f}, {ci[1]:{sign}.3f}]" if ci else "")
+
+
+def comparison_cells(entry: dict) -> list[str]:
+    """One row of the comparison table as text cells (shared by stdout and the page)."""
+    d = entry["delta_vs_base"] or {}
+    return [
+        entry["policy"], entry["mode"], str(entry["n_tasks"]),
+        _pct(entry["success_rate"], entry["ci95"]),
+        _pct(d.get("success_rate"), d.get("ci95"), signed=True) if d else "-",
+        _num(entry["mean_reward"], entry["mean_reward_ci95"]),
+        _num(d.get("mean_reward"), d.get("mean_reward_ci95"), signed=True) if d else "-",
+        _pct(entry["invalid_rate"], None),
+        _num(entry["mean_steps"], None),
+    ]
+
+
+COLUMNS = ["policy", "mode", "n", "success [95% CI]", "vs base (paired)",
+           "mean reward [95% CI]", "vs base (paired)", "invalid", "steps"]
+
+
+def comparison_table(report: dict) -> str:
+    """The policies side by side as fixed-width text."""
+    if not report["policies"]:
+        return "no evaluation episodes in this run yet"
+    rows = [COLUMNS] + [comparison_cells(e) for e in report["policies"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""Stage `train`: each policy of train.policies, LoRA on the mined pairs or the RFT set.
+
+Per policy: a finished one (checkpoint key "<policy>/final" in the store) is skipped; an
+interrupted one resumes from the step checkpoint the store records under "<policy>". Every
+optimizer step's metrics land in the store's metrics table (series = policy) as it ends.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from pipelines.runner import StageContext
+
+# policy -> the pair kinds it trains on (rft trains on examples instead)
+PAIR_KINDS = {"dpo_outcome": ("trajectory",), "dpo_step": ("step",),
+              "dpo_step_outcome": ("step", "trajectory")}
+
+
+def policy_rows(store, policy: str, max_rows: int, seed: int,
+                hindsight: bool = True) -> list[dict]:
+    """The policy's training rows in a stable order; a seeded sample of max_rows when set.
+    RFT trains on the successes, plus the hindsight relabels when `hindsight`
+    (mine.rft_hindsight)."""
+    if policy == "rft":
+        kinds = ("rft", "hindsight") if hindsight else ("rft",)
+        rows = sorted(store.examples(kinds=kinds), key=lambda r: r["example_id"])
+    else:
+        rows = sorted((r for kind in PAIR_KINDS[policy] for r in store.pairs(kind)),
+                      key=lambda r: r["pair_id"])
+    if max_rows and len(rows) > max_rows:
+        keep = sorted(random.Random(seed).sample(range(len(rows)), max_rows))
+        rows = [rows[i] for i in keep]
+    return rows
+
+
+def run_train(ctx: StageContext) -> dict:
+    cfg, store = ctx.cfg, ctx.store
+    stats = {}
+    for policy in cfg.train.policies:
+        final = store.checkpoint(ctx.stage, ctx.shard, f"{policy}/final")
+        if final is None:
+            rows = policy_rows(store, policy, cfg.train.max_pairs, cfg.train.seed,
+                               cfg.mine.rft_hindsight)
+            if not rows:
+                stats[policy] = {"skipped": "no training data (mined pairs / RFT examples)"}
+                continue
+            ctx.progress.update(policy=policy)
+            final = _train_policy(ctx, policy, rows)
+        stats[policy] = final
+    with store.transaction():
+        ctx.finish(stats)
+    return stats
+
+
+def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
+    from offline_agent.training.fit import fit_policy
+
+    cfg, store = ctx.cfg, ctx.store
+    folder = ctx.checkpoint_dir / policy
+    saved = store.checkpoint(ctx.stage, ctx.shard, policy)
+    writer = _tensorboard(folder) if cfg.train.report_to == "tensorboard" else None
+
+    def on_metrics(step: int, metrics: dict) -> None:
+        store.insert_metrics([{"series": policy, "step": step, "data": metrics}], ctx.stage)
+        ctx.progress.update(policy=policy, step=step, loss=round(metrics["loss"], 4))
+        for name, value in (metrics.items() if writer else ()):
+            writer.add_scalar(f"{policy}/{name}", value, step)
+
+    def on_checkpoint(step: int, path: Path) -> None:
+        store.set_checkpoint(ctx.stage, ctx.shard, policy, {"step": step, "folder": str(path)})
+
+    metrics = fit_policy(policy, rows, cfg.model.id, cfg.train, folder, adapter=cfg.model.adapter,
+                         resume=saved["folder"] if saved else None, on_metrics=on_metrics,
+                         on_checkpoint=on_checkpoint)
+    if writer:
+        writer.close()
+    final = {"folder": str(folder / "final"), "step": metrics["step"],
+             "items": metrics["items"], "loss": round(metrics["loss"], 4)}
+    store.set_checkpoint(ctx.stage, ctx.shard, f"{policy}/final", final)
+    return final
+
+
+def _tensorboard(folder: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise RuntimeError("train.report_to=tensorboard needs the tensorboard package: "
+                           "pip install tensorboard") from None
+    return SummaryWriter(str(folder / "tb"))

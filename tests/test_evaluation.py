@@ -1,0 +1,216 @@
+"""Evaluation: the interval arithmetic (hand values, coverage, pairing), summaries, and the
+eval stage for real (DuckDB, MiniShop, a tiny random model and a real LoRA adapter), with
+resume after a crash."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from offline_agent.evaluation import (
+    Episode,
+    EvalConfig,
+    bootstrap_ci,
+    compare,
+    paired_difference,
+    summarize,
+    wilson,
+)
+from pipelines.config import ConfigError, RunConfig
+from storage import Store
+
+
+# ---- statistics -----------------------------------------------------------------------------
+def test_wilson_hand_values():
+    # p = 0.8, n = 10: centre (0.8 + z²/20) / (1 + z²/10), half z·sqrt(.016 + z²/400) / (1 + z²/10)
+    assert wilson(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    assert wilson(0, 20) == pytest.approx((0.0, 0.1611), abs=1e-4)
+    lo, hi = wilson(20, 20)
+    assert hi == 1.0 and lo == pytest.approx(1 - 0.1611, abs=1e-4)
+    assert wilson(0, 0) is None
+    with pytest.raises(ValueError, match="3 successes out of 2"):
+        wilson(3, 2)
+
+
+def test_intervals_cover_the_truth_about_95_percent_of_the_time():
+    """200 seeded samples of 60 tasks (success p=0.3, reward uniform): each interval holds
+    the true value in 90-99% of them. Too narrow or too wide an interval fails this."""
+    rng = np.random.default_rng(7)
+    hits_wilson = hits_boot = 0
+    for i in range(200):
+        wins = int((rng.random(60) < 0.3).sum())
+        lo, hi = wilson(wins, 60)
+        hits_wilson += lo <= 0.3 <= hi
+        lo, hi = bootstrap_ci(rng.random(60), samples=1000, seed=i)
+        hits_boot += lo <= 0.5 <= hi
+    assert 180 <= hits_wilson <= 198
+    assert 180 <= hits_boot <= 198
+
+
+def test_bootstrap_is_seeded_and_exact_on_constants():
+    values = [0.1, 0.9, 0.4, 0.4, 1.0, 0.0]
+    assert bootstrap_ci(values, seed=1) == bootstrap_ci(values, seed=1)
+    assert bootstrap_ci(values, seed=1) != bootstrap_ci(values, seed=2)
+    assert bootstrap_ci([0.5] * 9) == (0.5, 0.5)
+    assert bootstrap_ci([]) is None
+
+
+def test_bootstrap_ratio_pools_steps_per_episode():
+    """invalid / steps resampled by episode: ten 1-step episodes all invalid, ten 9-step ones
+    all valid. The interval is around the pooled rate 10/100, not the mean of the
+    per-episode rates (0.5)."""
+    invalid, steps = [1] * 10 + [0] * 10, [1] * 10 + [9] * 10
+    lo, hi = bootstrap_ci(invalid, steps)
+    assert lo < 0.1 < hi < 0.3
+    assert bootstrap_ci(invalid, [1] * 20) == bootstrap_ci(invalid)  # weights 1: the mean
+    with pytest.raises(ValueError, match="weights must be positive"):
+        bootstrap_ci([1, 0], [1, 0])
+
+
+def test_paired_interval_sees_a_small_gain_an_unpaired_one_misses():
+    """Tasks vary a lot (difficulty), the policy adds +0.05 on each: paired, the interval
+    excludes 0; the spread of the policy's own mean is far wider than the gain."""
+    rng = random.Random(0)
+    base = [rng.random() for _ in range(50)]
+    policy = [b + 0.05 + rng.uniform(-0.02, 0.02) for b in base]
+    mean, (lo, hi) = paired_difference(policy, base, seed=0)
+    assert mean == pytest.approx(np.mean(policy) - np.mean(base))
+    assert 0.04 < lo <= mean <= hi < 0.06  # the gain, well clear of 0
+    plo, phi = bootstrap_ci(policy, seed=0)
+    assert phi - plo > 5 * (hi - lo)
+    with pytest.raises(ValueError, match="differ in length"):
+        paired_difference([1.0], [1.0, 0.0])
+
+
+# ---- summaries ------------------------------------------------------------------------------
+def ep(task: str, reward: float, steps: int = 2, invalid: int = 0) -> Episode:
+    return Episode(task, reward, reward >= 1, steps, invalid)
+
+
+def test_summarize_and_compare_on_hand_made_episodes():
+    cfg = EvalConfig(bootstrap=500)
+    base = [ep("a", 1.0, 2, 1), ep("b", 0.5, 6), ep("c", 0.0, 4, 2)]
+    s = summarize(base, cfg)
+    assert s["n_tasks"] == 3 and s["success_rate"] == round(1 / 3, 4)
+    assert s["mean_reward"] == 0.5 and s["mean_steps"] == 4.0
+    assert s["invalid_rate"] == 0.25  # 3 invalid of 12 steps, pooled
+    assert s["ci95"] == [round(x, 4) for x in wilson(1, 3)]
+    assert s["mean_reward_ci95"][0] <= 0.5 <= s["mean_reward_ci95"][1]
+    # the policy played a, b and d: compared on a and b only
+    d = compare([ep("a", 1.0), ep("b", 1.0), ep("d", 0.0)], base, cfg)
+    assert d["n_tasks"] == 2 and d["success_rate"] == 0.5 and d["mean_reward"] == 0.25
+    assert d["ci95"] == [0.0, 1.0]
+    empty = summarize([], cfg)
+    assert empty["n_tasks"] == 0 and empty["success_rate"] is None and empty["ci95"] is None
+    assert compare([], base, cfg)["ci95"] is None
+
+
+def test_episode_from_a_stored_row():
+    row = {"task_id": "t", "reward": 0.75, "success": False,
+           "steps": [{"invalid": True}, {"invalid": False}, {"invalid": False}]}
+    assert Episode.from_row(row) == Episode("t", 0.75, False, 3, 1)
+
+
+def test_eval_config_section():
+    cfg = RunConfig.load(None, ["eval.bootstrap=500"])
+    assert cfg.eval.bootstrap == 500
+    assert cfg.hash(["eval"]) == RunConfig().hash(["eval"])  # only shapes the report
+    with pytest.raises(ConfigError, match="eval.bootstrap must be >= 100"):
+        RunConfig.load(None, ["eval.bootstrap=10"])
+
+
+# ---- the stage, for real ----------------------------------------------------------------------
+CONFIG = """\
+run: {{name: eval, seed: 0}}
+model: {{id: {model}, device: cpu, max_batch: 8}}
+env: {{name: minishop, kwargs: {{max_steps: 3}}, train_tasks: 1, test_tasks: 3}}
+search: {{simulations: 1, k: 2, max_depth: 2, trees_per_batch: 1}}
+"""
+
+
+def make_adapter(model_dir: str, out: Path) -> None:
+    """A real PEFT LoRA adapter on the tiny model, B not zero so it changes the policy."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    lora = LoraConfig(r=4, lora_alpha=64, target_modules=["q_proj", "v_proj"],
+                      init_lora_weights=False)
+    get_peft_model(model, lora).save_pretrained(out)
+
+
+@pytest.fixture
+def trained_run(tmp_path, tiny_model_dir) -> tuple[RunConfig, Path]:
+    """A run through search, then one adapter recorded as the train stage records it."""
+    from pipelines.runner import run
+    from pipelines.stages import STAGES
+
+    (tmp_path / "cfg.yaml").write_text(CONFIG.format(model=tiny_model_dir))
+    cfg = RunConfig.load(tmp_path / "cfg.yaml")
+    run_dir = tmp_path / "run"
+    run(cfg, run_dir, STAGES, until="search")
+    make_adapter(tiny_model_dir, run_dir / "checkpoints" / "train" / "dpo_step" / "final")
+    with Store(run_dir / "store.duckdb") as store:
+        store.set_checkpoint("train", "", "dpo_step/final",
+                             {"folder": "checkpoints/train/dpo_step/final", "step": 2})
+    return cfg, run_dir
+
+
+def test_eval_stage_plays_base_and_adapter_and_resumes(trained_run, monkeypatch, capsys):
+    from pipelines.runner import run
+    from pipelines.stages import STAGES
+
+    cfg, run_dir = trained_run
+    inserted = []
+    real_insert = Store.insert_eval_episodes
+
+    def crash_after_four(self, rows, stage):
+        if len(inserted) == 4:
+            raise KeyboardInterrupt  # killed mid-policy: base done, adapter 1 of 3
+        inserted.extend(r["task_id"] for r in rows)
+        real_insert(self, rows, stage)
+
+    monkeypatch.setattr(Store, "insert_eval_episodes", crash_after_four)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, run_dir, STAGES, until="eval")
+    with Store(run_dir / "store.duckdb") as store:
+        first = store.eval_episodes()
+        assert store.stage("eval")["status"] == "failed"
+    assert [(r["policy"], r["task_id"]) for r in first][:3] == [
+        ("base", t) for t in ("minishop-test-00000", "minishop-test-00001",
+                              "minishop-test-00002")]
+    assert len(first) == 4
+
+    monkeypatch.setattr(Store, "insert_eval_episodes", real_insert)
+    results = run(cfg, run_dir, STAGES)
+    with Store(run_dir / "store.duckdb") as store:
+        rows = store.eval_episodes()
+    assert len(rows) == 6 and rows[:4] == first  # resumed: nothing replayed or changed
+    assert {r["policy"] for r in rows} == {"base", "dpo_step"}
+    assert all(r["mode"] == "greedy" and r["stage"] == "eval" and r["steps"] for r in rows)
+    base_actions = [[s["action"] for s in r["steps"]] for r in rows if r["policy"] == "base"]
+    lora_actions = [[s["action"] for s in r["steps"]] for r in rows if r["policy"] != "base"]
+    assert base_actions != lora_actions  # the adapter was applied
+    stats = results["eval"]["stats"]
+    assert stats["base"]["n_tasks"] == 3 and stats["dpo_step"]["n_tasks"] == 3
+    out = capsys.readouterr().out
+    assert "dpo_step" in out and "vs base (paired)" in out  # the report's table
+    assert (run_dir / "report" / "index.html").is_file()
+
+
+def test_eval_stage_refuses_a_missing_adapter(tmp_path, tiny_model_dir):
+    from pipelines.runner import run
+    from pipelines.stages import STAGES
+
+    (tmp_path / "cfg.yaml").write_text(CONFIG.format(model=tiny_model_dir))
+    cfg = RunConfig.load(tmp_path / "cfg.yaml")
+    run(cfg, tmp_path / "run", STAGES, until="search")
+    with Store(tmp_path / "run" / "store.duckdb") as store:
+        store.set_checkpoint("train", "", "rft/final", {"folder": str(tmp_path / "gone")})
+    with pytest.raises(FileNotFoundError, match="policy 'rft'.*holds no adapter_config.json"):
+        run(cfg, tmp_path / "run", STAGES, until="eval")

@@ -1,0 +1,110 @@
+"""The train stage for real: a DuckDB store, the tiny random model, SIGKILL and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import RunConfig
+from pipelines.runner import run
+from pipelines.stages import STAGES
+from storage import Store
+from tests.test_training import step_pair, trajectory_pair
+
+TRAIN = [s for s in STAGES if s.name == "train"]
+
+
+def config(model_dir: str, **train) -> dict:
+    return {"model": {"id": model_dir, "device": "cpu"},
+            "train": {"warmup_steps": 0, "lr": 3e-3, "save_every": 100, **train}}
+
+
+def make_run(run_dir: Path, n_step: int = 4, trajectory: bool = False, rft: bool = False) -> None:
+    """A run directory whose store holds mined data, written as mining writes it."""
+    run_dir.mkdir(parents=True)
+    rows = [{**step_pair(i), "task_id": f"t{i}", "env": "minishop", "kind": "step",
+             "chosen_q": 0.8, "rejected_q": 0.1, "margin": 0.7} for i in range(n_step)]
+    if trajectory:
+        rows.append({**trajectory_pair(), "task_id": "t9", "env": "minishop",
+                     "kind": "trajectory"})
+    with Store(run_dir / "store.duckdb") as store:
+        store.insert_pairs(rows, "mine")
+        if rft:
+            pair = trajectory_pair()
+            store.insert_examples([{
+                "example_id": 1, "task_id": "t9", "env": "minishop", "kind": "rft",
+                "instruction": "i need a blue power bank under 50 dollars",
+                "messages": pair["prompt"] + pair["chosen"], "reward": 1.0}], stage="mine")
+
+
+def losses(run_dir: Path, policy: str) -> dict[int, float]:
+    with Store(run_dir / "store.duckdb", read_only=True) as store:
+        return {r["step"]: r["data"]["loss"] for r in store.metrics("train", policy)}
+
+
+def test_train_stage_trains_each_policy_records_checkpoints_and_skips_when_done(
+        tiny_model_dir, tmp_path):
+    make_run(tmp_path / "r", trajectory=True, rft=True)
+    cfg = RunConfig.from_dict(config(tiny_model_dir, max_steps=2, batch_size=2,
+                                     policies=["rft", "dpo_outcome", "dpo_step_outcome"]))
+    stats = run(cfg, tmp_path / "r", TRAIN)["train"]["stats"]
+    assert set(stats) == {"rft", "dpo_outcome", "dpo_step_outcome"}
+    assert stats["dpo_step_outcome"]["items"] == 5 and stats["dpo_outcome"]["items"] == 1
+    with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
+        for policy in stats:
+            final = store.checkpoint("train", "", f"{policy}/final")
+            assert Path(final["folder"], "adapter_model.safetensors").exists()
+            assert [r["step"] for r in store.metrics("train", policy)] == list(
+                range(1, final["step"] + 1))
+        data = store.metrics("train", "dpo_step_outcome")[0]["data"]
+    assert {"loss", "margin", "accuracy", "lr", "tokens_per_s"} <= set(data)
+    again = run(cfg, tmp_path / "r", TRAIN)["train"]
+    assert again["status"] == "skipped"
+
+
+def test_a_policy_without_data_is_skipped_with_the_reason(tiny_model_dir, tmp_path):
+    make_run(tmp_path / "r", n_step=2)
+    cfg = RunConfig.from_dict(config(tiny_model_dir, max_steps=1, policies=["dpo_outcome"]))
+    stats = run(cfg, tmp_path / "r", TRAIN)["train"]["stats"]
+    assert "no training data" in stats["dpo_outcome"]["skipped"]
+
+
+def test_resume_after_sigkill_continues_at_the_saved_step_with_the_same_next_loss(
+        tiny_model_dir, tmp_path):
+    settings = config(tiny_model_dir, policies=["dpo_step"], batch_size=2, max_steps=4,
+                      save_every=2)
+    for name in ("killed", "whole"):
+        make_run(tmp_path / name)
+    script = ("import json, sys\nfrom pipelines.config import RunConfig\n"
+              "from pipelines.runner import run\nfrom pipelines.stages import STAGES\n"
+              "run(RunConfig.from_dict(json.loads(sys.argv[1])), sys.argv[2], "
+              "[s for s in STAGES if s.name == 'train'])\n")
+    env = {**os.environ, "OFFLINE_AGENT_TRAIN_KILL_AFTER_STEP": "3"}
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(settings),
+                           str(tmp_path / "killed")], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).parent.parent)
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    with Store(tmp_path / "killed" / "store.duckdb", read_only=True) as store:
+        saved = store.checkpoint("train", "", "dpo_step")
+        assert store.checkpoint("train", "", "dpo_step/final") is None
+    assert saved["step"] == 2 and saved["folder"].endswith("step-2")
+    killed = losses(tmp_path / "killed", "dpo_step")
+    assert sorted(killed) == [1, 2, 3]  # step 3 ran, but after the last checkpoint
+    with Store(tmp_path / "killed" / "store.duckdb") as store:  # a mark a restart would erase
+        store.insert_metrics([{"series": "dpo_step", "step": 1, "data": {"loss": -1.0}}], "train")
+
+    cfg = RunConfig.from_dict(settings)
+    run(cfg, tmp_path / "killed", TRAIN)  # resumes from step-2
+    run(cfg, tmp_path / "whole", TRAIN)
+    resumed, whole = losses(tmp_path / "killed", "dpo_step"), losses(tmp_path / "whole", "dpo_step")
+    assert sorted(resumed) == [1, 2, 3, 4] and resumed[1] == -1.0  # steps 1-2 not redone
+    assert whole[3] != whole[2]  # the loss moves, so equality below means something
+    assert resumed[3] == pytest.approx(whole[3], rel=1e-6, abs=1e-7)
+    assert resumed[4] == pytest.approx(whole[4], rel=1e-6, abs=1e-7)
+    assert killed[3] == pytest.approx(whole[3], rel=1e-6, abs=1e-7)

@@ -1,0 +1,194 @@
+"""Training core: the DPO loss by hand, packed log-probs vs plain forwards, masks and gradients."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from offline_agent.chat import render_prompt
+from offline_agent.policy.hf import encode_prompt
+from offline_agent.training.config import TrainConfig
+from offline_agent.training.logprobs import (
+    encode_example,
+    encode_pair,
+    groups,
+    messages,
+    pack,
+    sequence_logps,
+)
+from offline_agent.training.losses import dpo_loss, sft_loss
+
+SYSTEM = {"role": "system", "content": "You shop. Tools: search[q], click[x], buy."}
+USER = {"role": "user", "content": "i need a blue power bank under 50 dollars"}
+
+
+def step_pair(i: int) -> dict:
+    """A step pair: earlier turns in the prompt, one assistant action per side."""
+    prompt = [SYSTEM, USER, {"role": "assistant", "content": "search[power bank]"},
+              {"role": "tool", "content": f"Results: P000{i} blue power bank $30; P0009 red $20"}]
+    return {"pair_id": i, "prompt": prompt,
+            "chosen": [{"role": "assistant", "content": f"click[P000{i}]"}],
+            "rejected": [{"role": "assistant", "content": "click[back]"}]}
+
+
+def trajectory_pair() -> dict:
+    """A trajectory pair: whole episodes after [system, user], observations between actions."""
+    def episode(item, page):
+        return [{"role": "assistant", "content": "search[blue power bank]"},
+                {"role": "tool", "content": f"Results: {item} blue power bank $30"},
+                {"role": "assistant", "content": f"click[{item}]"},
+                {"role": "tool", "content": page},
+                {"role": "assistant", "content": "buy"}]
+    return {"pair_id": 100, "prompt": [SYSTEM, USER],
+            "chosen": episode("P0001", "blue power bank, 2 pack. click buy to buy"),
+            "rejected": episode("P0009", "red power bank. Options: color [red]")}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+# ---- the loss ----------------------------------------------------------------------------------
+def test_dpo_loss_equals_hand_computed_values():
+    pc, pr = torch.tensor([-10.0, -4.0]), torch.tensor([-12.0, -3.0])
+    rc, rr = torch.tensor([-11.0, -5.0]), torch.tensor([-11.5, -2.0])
+    beta = 0.5
+    # pair 0: h = (-10 + 11) - (-12 + 11.5) = 1.5; pair 1: h = (-4 + 5) - (-3 + 2) = 2.0
+    out = dpo_loss(pc, pr, rc, rr, beta=beta)
+    expected = [math.log1p(math.exp(-0.75)), math.log1p(math.exp(-1.0))]  # -log sigmoid(beta h)
+    assert out.losses.tolist() == pytest.approx(expected, rel=1e-6)
+    assert out.chosen_rewards.tolist() == pytest.approx([0.5, 0.5])
+    assert out.rejected_rewards.tolist() == pytest.approx([-0.25, -0.5])
+    ipo = dpo_loss(pc, pr, rc, rr, beta=beta, kind="ipo")
+    assert ipo.losses.tolist() == pytest.approx([(1.5 - 1.0) ** 2, (2.0 - 1.0) ** 2])
+    rpo = dpo_loss(pc, pr, rc, rr, beta=beta, kind="rpo", rpo_alpha=2.0,
+                   chosen_tokens=torch.tensor([5.0, 4.0]))
+    assert rpo.losses.tolist() == pytest.approx([expected[0] + 2 * 10 / 5, expected[1] + 2 * 4 / 4])
+    with pytest.raises(ValueError, match="chosen_tokens"):
+        dpo_loss(pc, pr, rc, rr, beta=beta, kind="rpo")
+
+
+def test_sft_loss_is_mean_nll_per_action_token_of_the_step():
+    assert sft_loss(torch.tensor([-6.0, -2.0]), total_tokens=16).item() == pytest.approx(0.5)
+
+
+def test_train_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="unknown policy 'dpo'"):
+        TrainConfig(policies=["dpo"])
+    with pytest.raises(ValueError, match="train.loss"):
+        TrainConfig(loss="hinge")
+    with pytest.raises(ValueError, match="batch_size"):
+        TrainConfig(batch_size=0)
+
+
+# ---- packing -----------------------------------------------------------------------------------
+def plain_logps(model, seq) -> float:
+    """Summed action log-prob of one sequence by a plain full forward."""
+    with torch.no_grad():
+        logp = model(torch.tensor([seq.ids])).logits[0, :-1].float().log_softmax(-1)
+    picked = logp.gather(1, torch.tensor(seq.ids[1:])[:, None])[:, 0]
+    return float((picked * torch.tensor(seq.mask[1:])).sum())
+
+
+def test_packed_logps_equal_separate_forwards(tiny, tokenizer):
+    items = [encode_pair(tokenizer, step_pair(i)) for i in range(3)]
+    items.append(encode_pair(tokenizer, trajectory_pair()))
+    seqs = [s for item in items for s in item]
+    packed = pack(seqs)
+    # shared prompts are computed once: far fewer tokens than the sequences hold
+    assert packed.ids.shape[1] < 0.6 * sum(len(s.ids) for s in seqs)
+    with torch.no_grad():
+        got = sequence_logps(tiny, packed).tolist()
+    assert got == pytest.approx([plain_logps(tiny, s) for s in seqs], abs=1e-4)
+
+
+def test_groups_respect_the_token_budget(tokenizer):
+    items = [list(encode_pair(tokenizer, step_pair(i))) for i in range(6)]
+    one = len(pack(items[0]).ids[0])
+    out = groups(items, budget=one + 20)  # room for a pair and a bit
+    assert [i for g in out for i in g] == list(range(6))
+    assert all(len(pack([s for i in g for s in items[i]]).ids[0]) <= one + 20 for g in out)
+    assert len(out) > 1
+    assert groups(items, budget=1) == [[i] for i in range(6)]  # too big: each goes alone
+
+
+def test_trajectory_logprob_is_sum_over_action_tokens_by_a_plain_loop_over_turns(tiny, tokenizer):
+    """Observations are context, never targets: each action's tokens given everything before."""
+    pair = trajectory_pair()
+    chosen, _ = encode_pair(tokenizer, pair)
+    with torch.no_grad():
+        packed = sequence_logps(tiny, pack([chosen]))[0].item()
+    conversation = messages(pair["prompt"] + pair["chosen"])
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    total, actions = 0.0, 0
+    for i, m in enumerate(conversation):
+        if m.role != "assistant":
+            continue
+        context = encode_prompt(tokenizer, render_prompt(tokenizer, conversation[:i]))
+        action = tokenizer(m.content, add_special_tokens=False).input_ids + [end]
+        for t, token in enumerate(action):
+            with torch.no_grad():
+                logits = tiny(torch.tensor([context + action[:t]])).logits[0, -1]
+            total += logits.float().log_softmax(-1)[token].item()
+        actions += len(action)
+    assert chosen.action_tokens == actions
+    assert packed == pytest.approx(total, abs=1e-4)
+
+
+# ---- gradients ---------------------------------------------------------------------------------
+def final_hidden_grads(model, seqs, loss_of):
+    """Gradient of the loss w.r.t. each trie token's final hidden state (what feeds the LM head
+    only at that token): zero exactly where the next token is not an action token."""
+    captured = {}
+
+    def hook(module, args, out):
+        out.retain_grad()
+        captured["h"] = out
+
+    handle = model.get_decoder().norm.register_forward_hook(hook)
+    packed = pack(seqs)
+    try:
+        loss_of(sequence_logps(model, packed)).backward()
+    finally:
+        handle.remove()
+    return packed, captured["h"].grad[0].abs().sum(-1)
+
+
+@pytest.mark.parametrize("objective", ["dpo", "rft"])
+def test_gradient_is_exactly_zero_on_every_masked_token(tiny_model_dir, tokenizer, objective):
+    from transformers import AutoModelForCausalLM
+
+    from offline_agent.training.model import add_lora
+
+    model = add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir), TrainConfig())
+    if objective == "dpo":
+        seqs = [*encode_pair(tokenizer, step_pair(1)), *encode_pair(tokenizer, trajectory_pair())]
+
+        def loss_of(lp):  # reference = policy (h = 0): the loss is far from saturated
+            ref = lp.detach()
+            return dpo_loss(lp[0::2], lp[1::2], ref[0::2], ref[1::2], beta=0.1).losses.sum()
+    else:
+        pair = trajectory_pair()
+        seqs = [encode_example(tokenizer, {"messages": pair["prompt"] + pair["chosen"]})]
+
+        def loss_of(lp):
+            return sft_loss(lp, total_tokens=10)
+
+    packed, grads = final_hidden_grads(model, seqs, loss_of)
+    predicts_action = torch.zeros(packed.ids.shape[1], dtype=torch.bool)
+    predicts_action[packed.rows] = True
+    assert (grads[~predicts_action] == 0).all()  # prompt, observations: exactly zero
+    # An action token that chosen and rejected share (same token after the same prefix:
+    # "click[" of click[P0001] / click[back]) enters h with +1 and -1 and cancels exactly;
+    # every other action token carries gradient.
+    targets = list(zip(packed.rows.tolist(), packed.targets.tolist()))
+    once = [row for row, t in targets if targets.count((row, t)) == 1]
+    assert len(once) > 5 and (grads[once] > 0).all()
+    lora = [p.grad for n, p in model.named_parameters() if "lora_" in n]
+    assert lora and any(g is not None and g.abs().sum() > 0 for g in lora)
+    assert all(p.grad is None for n, p in model.named_parameters() if "lora_" not in n)
