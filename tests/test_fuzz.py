@@ -48,7 +48,7 @@ def fake_sandbox(monkeypatch):
     """The sandbox answers every program with a crash, and counts the calls."""
     calls = []
 
-    def run(script: str, timeout_s: float) -> SandboxResult:
+    def run(script: str, timeout_s: float, allow_weaker: bool = False) -> SandboxResult:
         calls.append(script)
         return SandboxResult(stdout="", stderr="killed", returncode=-9)
 
