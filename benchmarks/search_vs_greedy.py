@@ -6,12 +6,14 @@ the number `make demo` prints on a larger sample of tasks.
 
     .venv/bin/python benchmarks/search_vs_greedy.py --tasks 32
     .venv/bin/python benchmarks/search_vs_greedy.py --tasks 16 --set simulations=12 k=4
+    .venv/bin/python benchmarks/search_vs_greedy.py --env math --tasks 32
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import time
 
 import yaml
@@ -31,7 +33,8 @@ def main() -> None:
     ap.add_argument("--env", default="minishop")
     ap.add_argument("--tasks", type=int, default=32)
     ap.add_argument("--max-steps", type=int, default=8)
-    ap.add_argument("--difficulty", type=int, default=None, help="MiniShop level (default: env's)")
+    ap.add_argument("--kwargs", default="{}",
+                    help='env constructor arguments as JSON, e.g. \'{"difficulty": 2}\'')
     ap.add_argument("--config", default="configs/default.yaml",
                     help="YAML whose search section is the starting point ('' for defaults)")
     ap.add_argument("--set", nargs="*", default=[], help="search overrides, e.g. simulations=12")
@@ -49,9 +52,7 @@ def main() -> None:
 
     policy = load_policy(args.model, device="cpu")
 
-    env_kwargs = {"max_steps": args.max_steps}
-    if args.difficulty is not None:
-        env_kwargs["difficulty"] = args.difficulty
+    env_kwargs = {"max_steps": args.max_steps, **json.loads(args.kwargs)}
 
     def make_env():
         return load_env(args.env, **env_kwargs)

@@ -43,7 +43,7 @@ def node_rows(n: int, tree_id: int = 0) -> list[dict]:
             "critic_score": rng.random(),
             "reward": 0.0,
             "terminal": i % 7 == 0,
-            "env_snapshot": os.urandom(1024),  # a pickled env state is ~1 KB
+            "snapshot": {"num_steps": i % 8, "state": os.urandom(400).hex()},  # ~1 KB of JSON
             "created_sim": i // 4,
         }
         for i in range(n)

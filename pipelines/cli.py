@@ -1,24 +1,32 @@
 """offline-agent: run the pipeline, inspect a run, merge shard runs.
 
-User mistakes (bad config key, changed config, run in use) end with one line on stderr and
-exit code 2; a traceback means a bug or a failing stage.
+User mistakes (bad config key, changed config, run in use, a file that is not a store, an env
+whose state cannot be snapshot) end with one line on stderr and exit code 2, having changed
+nothing they were not asked to; a traceback means a bug or a failing stage.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
 
+from offline_agent.envs.base import EnvStateError
 from pipelines.config import ConfigError, RunConfig, help_lines
 from pipelines.export import ExportError
-from pipelines.progress import read_progress
+from pipelines.progress import ProgressError, read_progress
 from pipelines.runner import RunError
 from storage import Store, StoreError, StoreInUse
 
-USER_ERRORS = (ConfigError, RunError, StoreError, FileNotFoundError, FileExistsError,
-               ExportError)
+
+class UsageError(Exception):
+    """An argument the command cannot use (e.g. --out naming a directory)."""
+
+
+USER_ERRORS = (ConfigError, RunError, StoreError, EnvStateError, UsageError, FileNotFoundError,
+               FileExistsError, ExportError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +108,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     t.add_argument("--task", required=True, metavar="ID", help="task id, e.g. minishop-train-00003")
     t.add_argument("--format", choices=("html", "graphml"), default="html")
-    t.add_argument("--out", type=Path, help="output file (default: RUN_DIR/trees/ID.FORMAT)")
+    t.add_argument("--out", type=Path, help="output file (default: RUN_DIR/trees/ID.FORMAT, the id "
+                   "made safe as a file name)")
     t.set_defaults(func=cmd_tree)
 
     rep = sub.add_parser("report", help="write RUN_DIR/report/ (report.json, index.html) again",
@@ -108,6 +117,15 @@ def parser() -> argparse.ArgumentParser:
                          "store (opened read-only) and print the comparison table.")
     rep.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     rep.set_defaults(func=cmd_report)
+    c = sub.add_parser("check-env", help="check that an env keeps the Env contract",
+                       description="Checks a built-in or plugin env before a long run: tool "
+                       "schemas, deterministic and disjoint tasks, snapshot/restore, fuzzed "
+                       "model text, hindsight replay, the demonstration. Exit code 1 if a "
+                       "check fails (docs/environments.md).")
+    c.add_argument("env", metavar="ENV", help="package.module:Class, or minishop | math | python")
+    c.add_argument("--kwargs", default="{}", metavar="JSON",
+                   help='constructor arguments as a JSON object, e.g. \'{"max_steps": 8}\'')
+    c.set_defaults(func=cmd_check_env)
     return p
 
 
@@ -154,7 +172,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _progress_text(run_dir: Path) -> str:
-    p = read_progress(run_dir)
+    try:
+        p = read_progress(run_dir)
+    except ProgressError as e:
+        return f"  (no progress to show: {e})"
     if p is None:
         return "  (no progress.json yet)"
     updated = datetime.fromisoformat(p["updated_at"])
@@ -173,18 +194,31 @@ def cmd_merge(args: argparse.Namespace) -> int:
     for path in shards:
         if not path.exists():
             raise FileNotFoundError(f"no store at {path}")
-    args.out.mkdir(parents=True, exist_ok=True)
+    made = _new_dirs(args.out)
+    args.out.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         with Store(target) as store:
             added = store.merge_from(shards)
-    except BaseException:
-        for leftover in (target, target.with_name(target.name + ".wal")):
-            leftover.unlink(missing_ok=True)
+    except BaseException:  # leave nothing behind: no half-made store, no empty directory
+        if made:
+            shutil.rmtree(made[-1], ignore_errors=True)
+        else:
+            for leftover in (target, target.with_name(target.name + ".wal")):
+                leftover.unlink(missing_ok=True)
         raise
     print("merged rows: " + ", ".join(f"{t} {n}" for t, n in added.items()))
     print(f"run directory: {args.out}  (continue with: offline-agent run CONFIG "
           f"--run-dir {args.out})")
     return 0
+
+
+def _new_dirs(path: Path) -> list[Path]:
+    """The directories that making `path` creates, innermost first."""
+    made = []
+    while not path.exists():
+        made.append(path)
+        path = path.parent
+    return made
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -206,8 +240,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
-    from pipelines.treeview import render_html, write_graphml
+    from pipelines.treeview import render_html, tree_path, write_graphml
 
+    if args.out and args.out.is_dir():
+        raise UsageError(f"--out {args.out} is a directory; give a file, e.g. "
+                         f"{args.out / tree_path(Path(), args.task, args.format).name}")
     with Store(args.run_dir / "store.duckdb", read_only=True) as store:
         trees = {t["task_id"]: t for t in store.trees()}
         if args.task not in trees:
@@ -215,13 +252,13 @@ def cmd_tree(args: argparse.Namespace) -> int:
             raise StoreError(f"no search tree for task {args.task!r} (trees: {known}, ...)")
         tree = trees[args.task]
         nodes = store.load_tree(tree["tree_id"])
-        task = next(t for t in store.tasks() if t.id == args.task)
-    out = args.out or args.run_dir / "trees" / f"{args.task}.{args.format}"
+        instruction = next((t.instruction for t in store.tasks() if t.id == args.task), "")
+    out = args.out or tree_path(args.run_dir, args.task, args.format)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.format == "graphml":
         write_graphml(nodes, out)
     else:
-        title = (f"{args.task}: {task.instruction} ({tree['simulations_done']} simulations, "
+        title = (f"{args.task}: {instruction} ({tree['simulations_done']} simulations, "
                  f"best reward {tree['best_reward']})")
         out.write_text(render_html(nodes, title))
     print(f"wrote {out} ({len(nodes)} nodes)")
@@ -237,6 +274,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(comparison_table(report))
     print(f"report: {path}")
     return 0
+
+def cmd_check_env(args: argparse.Namespace) -> int:
+    import json
+
+    from offline_agent.envs.base import load_env
+    from offline_agent.envs.check import check_env, format_table
+
+    try:
+        kwargs = json.loads(args.kwargs)
+        if not isinstance(kwargs, dict):
+            raise ValueError("--kwargs must be a JSON object")
+        load_env(args.env, **kwargs)
+    except (ValueError, TypeError) as e:  # bad JSON, unknown env, wrong constructor arguments
+        print(f"offline-agent: error: {e}", file=sys.stderr)
+        return 2
+    results = check_env(lambda: load_env(args.env, **kwargs))
+    print(format_table(results))
+    failed = [r.name for r in results if r.ok is False]
+    print(f"{args.env}: " + (f"FAILED: {', '.join(failed)}" if failed else "all checks passed"))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -45,9 +45,32 @@ class Progress:
         os.replace(tmp, self.path)
 
 
+class ProgressError(ValueError):
+    """A progress.json that cannot be read as one: truncated, half-written or not ours."""
+
+
+REQUIRED = {"stage": (str, type(None)), "status": str, "pid": int, "updated_at": str,
+            "counters": dict}
+
+
 def read_progress(run_dir: str | Path) -> dict | None:
     """The last progress written to `run_dir`, or None when there is none."""
     path = Path(run_dir) / FILENAME
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    try:
+        state = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProgressError(f"{path} is truncated or half-written ({e})") from None
+    bad = [k for k, kind in REQUIRED.items()
+           if not isinstance(state, dict) or not isinstance(state.get(k), kind)]
+    if bad:
+        raise ProgressError(f"{path} is incomplete or not an offline-agent progress file "
+                            f"(missing or wrong: {', '.join(bad)})")
+    try:
+        aware = datetime.fromisoformat(state["updated_at"]).tzinfo is not None
+    except ValueError:
+        aware = False
+    if not aware:
+        raise ProgressError(f"{path} has an unreadable updated_at: {state['updated_at']!r}")
+    return state

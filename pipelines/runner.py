@@ -87,11 +87,12 @@ def run(
     """Run the planned stages in order; returns {stage: {"status", "stats", ...}}."""
     run_dir = Path(run_dir)
     todo = plan(stages, until, only)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with Store(run_dir / "store.duckdb") as store:
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # its store holds hidden tests
+    with Store(run_dir / "store.duckdb") as store:  # refuses a file that is not a store
         _check_config(cfg, stages, store, run_dir, force)
         if only:
             _check_inputs(stages, only, store)
+        _convert_pickles(cfg, store)
         tmp = run_dir / f".config.yaml.{os.getpid()}.tmp"
         tmp.write_text(cfg.to_yaml())
         os.replace(tmp, run_dir / "config.yaml")
@@ -165,6 +166,19 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
         shutil.rmtree(run_dir / "checkpoints" / stage.name, ignore_errors=True)
         gone = ", ".join(f"{n} {t}" for t, n in deleted.items() if n)
         print(f"stage {stage.name}: config changed, --force: cleared ({gone or 'nothing'})",
+              flush=True)
+
+
+def _convert_pickles(cfg: RunConfig, store: Store) -> None:
+    """A store made before schema v5 holds pickled env snapshots; this is the user's own run,
+    so they are read once here and re-stored as JSON data (merge never reads pickles)."""
+    from offline_agent.envs.base import load_env
+    from pipelines.legacy_snapshots import convert_pickled_snapshots
+
+    n = convert_pickled_snapshots(
+        store, lambda: load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs))
+    if n:
+        print(f"store: {n} pickled env snapshots (made before schema v5) re-stored as JSON data",
               flush=True)
 
 

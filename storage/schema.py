@@ -147,5 +147,14 @@ V3 = [
 # rebuilt from stored nodes keep it too
 V4 = ["ALTER TABLE nodes ADD COLUMN info JSON"]
 
-MIGRATIONS: list[list[str]] = [V1, V2, V3, V4]
+# env snapshots as JSON data (Env.snapshot()), never pickles: stores travel between machines
+# (merge) and are read on resume, and loading a pickle can run code. An older store's pickles
+# wait in `pickled_snapshot` until its owner opens it as a run (pipelines/legacy_snapshots.py
+# turns them into JSON data there); merge refuses a shard that still holds any.
+V5 = [
+    "ALTER TABLE nodes RENAME COLUMN env_snapshot TO pickled_snapshot",
+    "ALTER TABLE nodes ADD COLUMN snapshot JSON",
+]
+
+MIGRATIONS: list[list[str]] = [V1, V2, V3, V4, V5]
 SCHEMA_VERSION = len(MIGRATIONS)

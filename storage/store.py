@@ -7,7 +7,8 @@ slower (benchmarks/storage.py). Every write method is atomic on its own; wrap se
 and `finish_stage` (the "done" mark) in one commit.
 
 DuckDB lets one process open a file at a time, even read-only; a second gets
-StoreInUse("run is in use by PID ...").
+StoreInUse("run is in use by PID ..."). A file that is not an offline-agent store (not DuckDB,
+or another program's DuckDB database) is refused unchanged with a StoreError.
 """
 
 from __future__ import annotations
@@ -57,12 +58,19 @@ class MergeConflict(StoreError):
     """Two shards hold different rows under one key."""
 
 
-def _in_use(error: duckdb.IOException, path: Path) -> Exception:
-    """DuckDB's lock error names the holder: 'Conflicting lock is held in ... (PID 123)'."""
-    if "lock" not in str(error):
-        return error
-    match = re.search(r"PID (\d+)", str(error))
-    return StoreInUse(path, int(match.group(1)) if match else None)
+def _open_error(error: duckdb.Error, path: Path) -> StoreError:
+    """One clear error for a file DuckDB cannot open. Its lock error names the holder:
+    'Conflicting lock is held in ... (PID 123)'."""
+    text = str(error)
+    if "lock" in text:
+        match = re.search(r"PID (\d+)", text)
+        return StoreInUse(path, int(match.group(1)) if match else None)
+    if "not a valid DuckDB database" in text:
+        size = path.stat().st_size if path.is_file() else 0
+        return StoreError(f"{path} is not an offline-agent store: not a DuckDB database "
+                          f"({size} bytes{', empty' if not size else ''}); move it away or "
+                          "use another run directory")
+    return StoreError(f"cannot open {path} as a DuckDB database: {text.splitlines()[0]}")
 
 
 _ARROW_TYPES = {
@@ -86,11 +94,15 @@ class Store:
             raise FileNotFoundError(f"no store at {self.path}")
         try:
             self.con = duckdb.connect(str(self.path), read_only=read_only)
-        except duckdb.IOException as e:
-            raise _in_use(e, self.path) from None
+        except duckdb.Error as e:
+            raise _open_error(e, self.path) from None
         self._depth = 0  # transaction nesting
-        self._migrate()
-        self._columns, self._keys = self._describe()
+        try:
+            self._migrate()
+            self._columns, self._keys = self._describe()
+        except BaseException:  # e.g. another program's file: let go of it at once
+            self.con.close()
+            raise
 
     # ---- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -134,14 +146,22 @@ class Store:
         return self._sql("SELECT value FROM meta WHERE key = 'run_id'")[0][0]
 
     def _schema_version(self) -> int:
-        has_meta = self._sql(
-            "SELECT count(*) FROM information_schema.tables "
-            "WHERE table_catalog = current_database() AND table_name = 'meta'"
-        )[0][0]
-        if not has_meta:
+        """0 for an empty database; a StoreError for a database another program wrote."""
+        tables = sorted(t for (t,) in self._sql(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_catalog = current_database()"
+        ))
+        if not tables:
             return 0
-        row = self._sql("SELECT value FROM meta WHERE key = 'schema_version'")[0]
-        return int(row[0])
+        try:
+            rows = self._sql("SELECT value FROM meta WHERE key = 'schema_version'")
+        except duckdb.Error:  # no meta table, or one with other columns
+            rows = []
+        if not rows or not str(rows[0][0]).isdigit():
+            shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+            raise StoreError(f"{self.path} is not an offline-agent store: a DuckDB database of "
+                             f"another program (tables: {shown}); use another run directory")
+        return int(rows[0][0])
 
     def _migrate(self) -> None:
         version = self._schema_version()
@@ -153,6 +173,9 @@ class Store:
         if version == SCHEMA_VERSION:
             return
         if self.read_only:
+            if version == 0:
+                raise StoreError(f"{self.path} is not an offline-agent store: an empty DuckDB "
+                                 "database")
             raise StoreError(
                 f"{self.path} has schema version {version} and needs migrating to "
                 f"{SCHEMA_VERSION}: open it for writing once (rerun `offline-agent run`)"
@@ -395,6 +418,14 @@ class Store:
             "nodes", "SELECT * FROM nodes WHERE tree_id = ? ORDER BY node_id", [tree_id]
         )
 
+    def pickled_snapshots(self) -> list[dict]:
+        """node_id and pickled_snapshot of nodes whose env snapshot is still a pickle (stores
+        made before schema v5). Unpickle only the user's own run's; see schema.V5."""
+        return self._select(
+            "nodes", "SELECT node_id, pickled_snapshot FROM nodes "
+            "WHERE pickled_snapshot IS NOT NULL ORDER BY node_id"
+        )
+
     # ---- trajectories and pairs ------------------------------------------------------------
     def insert_trajectories(self, rows: Sequence[dict], stage: str) -> None:
         self._insert("trajectories", rows, stage=stage)
@@ -545,7 +576,8 @@ class Store:
 
         Rows already present unchanged are skipped (merging a shard twice is harmless); a
         key present with different content raises MergeConflict, as do shards that ran a
-        stage with different configs.
+        stage with different configs. A shard is read as data only: it must have exactly
+        this schema (plain tables, no views or computed columns) and no pickled snapshots.
         """
         aliases = []
         try:
@@ -557,10 +589,10 @@ class Store:
                 try:
                     quoted = str(path).replace("'", "''")
                     self._sql(f"ATTACH '{quoted}' AS {alias} (READ_ONLY)")
-                except duckdb.IOException as e:
-                    raise _in_use(e, path) from None
+                except duckdb.Error as e:
+                    raise _open_error(e, path) from None
                 aliases.append((alias, path))
-                self._check_shard_version(alias, path)
+                self._check_shard(alias, path)
             added = {t: 0 for t in self._columns if t != "meta"}
             with self.transaction():
                 for alias, path in aliases:
@@ -580,17 +612,46 @@ class Store:
             for alias, _ in aliases:
                 self._sql(f"DETACH {alias}")
 
-    def _check_shard_version(self, alias: str, path: Path) -> None:
+    def _check_shard(self, alias: str, path: Path) -> None:
+        """Refuse a shard that is not plain data of this schema, or still holds pickles."""
         try:
             (version,) = self._sql(
                 f"SELECT value FROM {alias}.meta WHERE key = 'schema_version'"
             )[0]
-        except duckdb.CatalogException:
+            version = int(version)
+        except (duckdb.Error, IndexError, ValueError):
             raise StoreError(f"{path} is not an offline-agent store") from None
-        if int(version) != SCHEMA_VERSION:
+        if version != SCHEMA_VERSION:
             raise StoreError(
-                f"{path} has schema version {version}, this offline-agent writes "
-                f"{SCHEMA_VERSION}; open the shard once for writing to migrate it"
+                f"{path} has schema version {version}, this offline-agent merges "
+                f"{SCHEMA_VERSION}. On the machine that made it, open it as a run once "
+                f"(`offline-agent run {path.parent / 'config.yaml'} --run-dir {path.parent} "
+                "--until search`), which migrates it and turns any pickled env snapshots into "
+                "JSON data; merge never loads pickles: they can run code"
+            )
+        found: dict[str, dict[str, str]] = {}
+        for table, kind, column, dtype, generated in self._sql(
+            "SELECT t.table_name, t.table_type, c.column_name, c.data_type, c.is_generated "
+            "FROM information_schema.tables t JOIN information_schema.columns c "
+            "USING (table_catalog, table_schema, table_name) "
+            "WHERE t.table_catalog = ? AND t.table_schema = 'main'", [alias]
+        ):
+            ok = kind == "BASE TABLE" and generated == "NEVER"
+            found.setdefault(table, {})[column] = dtype if ok else f"{kind} {generated}"
+        for table, columns in self._columns.items():
+            if found.get(table) != columns:
+                raise StoreError(f"{path}: table {table!r} is not as this offline-agent writes "
+                                 "it (missing, a view, or other columns); merge takes only "
+                                 "plain offline-agent tables")
+        (pickled,) = self._sql(
+            f"SELECT count(*) FROM {alias}.nodes WHERE pickled_snapshot IS NOT NULL"
+        )[0]
+        if pickled:
+            raise StoreError(
+                f"{path} holds {pickled} pickled env snapshots (written before schema v5), "
+                "and merge never loads pickles: they can run code. On the machine that made "
+                f"it, open it as a run once (`offline-agent run {path.parent / 'config.yaml'} "
+                f"--run-dir {path.parent} --until search`) to turn them into JSON data"
             )
 
     def _merge_table(self, alias: str, path: Path, table: str) -> int:

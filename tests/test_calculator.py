@@ -157,3 +157,15 @@ def test_system_prompt_is_short_and_has_a_worked_example():
     assert "calculate[12*7]" in prompt and "answer[84]" in prompt
     assert len(prompt.split()) < 120  # well under 200 tokens
     assert _env().achieved_task() is None
+
+
+def test_demonstration_solves_a_train_addition_problem_as_chat_turns():
+    env = CalculatorMath()
+    task, actions = env.demo_episode()
+    turns = env.demonstration()
+    assert task.split == "train" and "+" in task.data["expression"]
+    assert task.instruction not in {t.instruction for t in env.tasks("test", 200)}
+    assert [m.role for m in turns] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert [m.content for m in turns if m.role == "assistant"] == actions
+    assert turns[-1].content.endswith("is correct.")
+    assert env.demonstration() is turns  # played once per env

@@ -153,3 +153,26 @@ def test_forged_reports_written_after_the_harness_count_as_a_crash(forged):
     )
     _, result = _submit(code, task)
     assert result.done and result.reward == 0 and "crashed" in result.observation
+
+
+def test_demonstration_runs_then_submits_a_train_problem():
+    env = PythonTasks()
+    task, actions = env.demo_episode()
+    turns = env.demonstration()
+    assert task.split == "train"
+    assert [m.role for m in turns] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert actions[0].startswith("run_tests[def ") and actions[1].startswith("submit[def ")
+    assert "tests passed" in turns[2].content
+    assert turns[-1].content == f"Submitted: {len(task.data['hidden'])}/{len(task.data['hidden'])} hidden tests passed."
+
+
+def test_code_that_lost_its_last_bracket_to_the_action_gets_it_back():
+    """`submit[def f(xs):\n    return [x for x in xs]` (one "]" for both) is what the
+    135M model writes; the parser ends the action at that "]", the env puts it back."""
+    task = _task("flatten")
+    _, result = _submit("def flatten(xss):\n    return [x for xs in xss for x in xs]", task)
+    assert result.reward == 1.0, result.observation
+    _, broken = _submit("def flatten(xss):\n    return [x for xs in xss for x in xs", task)
+    assert broken.reward == 1.0
+    _, result = _submit("def flatten(xss):\n    return (x for xs in xss", task)
+    assert result.reward == 0.0 and "SyntaxError" in result.observation

@@ -47,8 +47,8 @@ def snapshot(run_dir: Path) -> dict:
         for tid in trees:
             for n in s.load_tree(tid):
                 nodes[n["node_id"]] = (n["parent_id"], n["action"], n["observation"],
-                                       n["critic_rank"], n["terminal"], n["visits"],
-                                       n["value_sum"])
+                                       n["critic_rank"], n["terminal"], n["snapshot"],
+                                       n["visits"], n["value_sum"])
         trajs = {t["traj_id"]: (t["steps"], t["reward"]) for t in s.trajectories("mcts_rollout")}
         stage = s.stage("search", "0/1")
     return {"trees": trees, "nodes": nodes, "trajs": trajs, "stage": stage}
@@ -70,7 +70,7 @@ def test_search_stage_stores_trees_and_reruns_as_noop(tmp_path, tiny_model_dir):
             assert rows[0]["parent_id"] is None and rows[0]["visits"] == 3
             kids = [r for r in rows if r["parent_id"] == rows[0]["node_id"]]
             assert 1 <= len(kids) <= 3 and sum(k["visits"] for k in kids) == 3
-            assert all(r["env_snapshot"] for r in rows)
+            assert all(r["snapshot"] and r["pickled_snapshot"] is None for r in rows)
         greedy = s.trajectories("greedy")
         assert len(greedy) == 3
     assert main(["run", str(config), "--run-dir", str(tmp_path / "r")]) == 0
@@ -116,7 +116,7 @@ def test_sigkill_mid_search_then_resume_matches_uninterrupted(tmp_path, tiny_mod
     for tid, row in before["trajs"].items():  # committed rows survive unchanged
         assert after["trajs"][tid] == row
     for nid, row in before["nodes"].items():
-        assert after["nodes"][nid][:5] == row[:5]  # visits/value may grow, content may not
+        assert after["nodes"][nid][:6] == row[:6]  # visits/value may grow, content may not
 
     if prefix_cache_gb:
         return

@@ -1,22 +1,29 @@
 """The Env contract: text environments with tools, deterministic given (task, actions).
 
-An env keeps all mutable episode state in `self.state` (a picklable object), so
-snapshot/restore is one pickle and search can branch without replaying. Model text
+An env keeps all mutable episode state in `self.state`, so snapshot/restore is one copy
+of it and search can branch without replaying. Snapshots are plain JSON data, never
+pickles: stores travel between machines and are read on resume (state_json.py). Model text
 enters only through `act`, which parses it; a malformed action never raises: it
 becomes an observation that says what was wrong, counts as a step and is flagged.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
-import pickle
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from offline_agent.envs import state_json
 from offline_agent.types import Message, Task, ToolCall
 
 MAX_ARGUMENT_CHARS = 2000  # longer arguments are refused as invalid actions
+ECHO_CHARS = 40  # names and keys from model text are cut to this in error observations
+
+log = logging.getLogger(__name__)
+_LOGGED: set[tuple[str, str]] = set()  # (env class, exception type) already logged
 
 
 @dataclass
@@ -26,6 +33,11 @@ class StepResult:
     done: bool = False
     invalid: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+
+
+class EnvFailure(RuntimeError):
+    """The env's own machinery failed (e.g. its sandbox cannot run): not the model's fault,
+    so `act` raises it instead of recording an invalid step."""
 
 
 class ActionError(ValueError):
@@ -39,6 +51,9 @@ class Env(ABC):
     tools: list[dict] = []  # OpenAI/HF function specs: {"type": "function", "function": {...}}
     stop: list[str] = ["\n\n"]  # where a policy reply is cut: one action per reply
     max_action_tokens: int = 48  # token budget of one reply
+    state_type: type | None = None  # dataclass of `self.state`; None: the state is JSON data
+    max_parse_chars: int = 20_000  # only this much of a reply is parsed (bounds hostile text)
+    _demo_turns: list[Message] | None = None  # demonstration(), once played
 
     def __init__(self, max_steps: int = 10, seed: int = 0):
         self.max_steps = max_steps
@@ -64,11 +79,21 @@ class Env(ABC):
     def _execute(self, call: ToolCall) -> StepResult:
         """Run a parsed, schema-checked call. Raise ActionError for bad arguments."""
 
+    def demo_episode(self) -> tuple[Task, list[str]] | None:
+        """A task and the action texts that solve it, shown to the policy as a worked
+        episode (see `demonstration`); None for no demonstration. Small models copy the
+        format of real turns far better than of prompt text."""
+        return None
+
     def demonstration(self) -> list[Message]:
-        """A worked episode as chat turns (user, assistant, tool, ...) shown after the system
-        prompt. Small models copy the format of real turns far better than of prompt text;
-        every prompt shares it, so the policy's prefix cache makes it nearly free."""
-        return []
+        """`demo_episode()` played and rendered as chat turns (user, assistant, tool, ...)
+        shown after the system prompt; every prompt shares it, so the policy's prefix cache
+        makes it nearly free. Played once per env object, on a shallow copy of it (same
+        settings, its own episode); raises if it does not reach reward 1."""
+        if self._demo_turns is None:
+            episode = self.demo_episode()
+            self._demo_turns = [] if episode is None else _play_demo(copy.copy(self), *episode)
+        return self._demo_turns
 
     def available_actions(self) -> list[str]:
         """The concrete actions the current state offers, as action text (a page's links and
@@ -111,14 +136,33 @@ class Env(ABC):
         return self._count(result)
 
     def act(self, text: str) -> tuple[ToolCall | None, StepResult]:
-        """Parse model text into a tool call and execute it."""
+        """Parse model text into a tool call and execute it; never raises on the text.
+
+        An exception other than ActionError is a bug that model text found: it becomes an
+        invalid step too (the episode goes on), and is logged once per env and type."""
         from offline_agent.envs.parser import parse_action
 
+        call = None
         try:
-            call = parse_action(text, self.tools)
+            call = parse_action(text[: self.max_parse_chars], self.tools)
+            return call, self.step(call)
         except ActionError as e:
-            return None, self._count(StepResult(observation=f"Invalid action: {e}", invalid=True))
-        return call, self.step(call)
+            result = StepResult(observation=f"Invalid action: {e}", invalid=True)
+        except EnvFailure:
+            raise
+        except Exception as e:  # noqa: BLE001 - the backstop: model text must not crash a run
+            self._log_unexpected(e)
+            result = StepResult(
+                observation=f"Invalid action: it could not be run ({type(e).__name__})",
+                invalid=True, info={"error": type(e).__name__})
+        return call, self._count(result)
+
+    def _log_unexpected(self, error: Exception) -> None:
+        key = (type(self).__name__, type(error).__name__)
+        if key not in _LOGGED:
+            _LOGGED.add(key)
+            log.warning("%s.act: unexpected %s from model text (made an invalid step): %s",
+                        *key, short(str(error), 200))
 
     def _count(self, result: StepResult) -> StepResult:
         self.num_steps += 1
@@ -128,33 +172,98 @@ class Env(ABC):
             result.observation += "\n[Step limit reached: episode over.]"
         return result
 
-    def snapshot(self) -> bytes:
-        return pickle.dumps((self.task, self.num_steps, self.state))
+    # ---- state as JSON data -----------------------------------------------------------------
+    def state_to_json(self) -> Any:
+        """`self.state` as JSON data. The default writes a `state_type` dataclass as a dict of
+        its fields and a state that is JSON data as is; override both methods otherwise."""
+        return state_json.encode(self.state)
 
-    def restore(self, blob: bytes) -> None:
-        self.task, self.num_steps, self.state = pickle.loads(blob)
+    def state_from_json(self, data: Any) -> Any:
+        """A fresh state from `state_to_json()`'s data (the default rebuilds `state_type`)."""
+        return state_json.decode(self.state_type, data)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The episode as JSON data, checked to restore the very same state, so an env whose
+        state cannot round-trip fails at its first snapshot, naming the field."""
+        try:
+            data = {"task": state_json.encode(self.task, "task"), "num_steps": self.num_steps,
+                    "state": self.state_to_json()}
+            problem = state_json.difference(self.state, self.state_from_json(data["state"]))
+        except (KeyError, TypeError, ValueError) as e:  # StateError is a TypeError
+            problem = str(e)
+        if problem:
+            raise EnvStateError(self, f"its state does not round-trip as JSON data: {problem}. "
+                                "Keep the state JSON data (dicts, lists, str, numbers, bool, "
+                                "None) or a dataclass named in `state_type` whose fields are, "
+                                "or override state_to_json and state_from_json")
+        return data
+
+    def restore(self, data: dict[str, Any]) -> None:
+        try:
+            task = state_json.decode(Task, data["task"])
+            num_steps, state = int(data["num_steps"]), self.state_from_json(data["state"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise EnvStateError(self, f"a snapshot does not fit its state: {e!r}") from None
+        self.task, self.num_steps, self.state = task, num_steps, state
+
+
+class EnvStateError(TypeError):
+    """An env whose state does not survive the JSON round trip of snapshots (a bug in the env),
+    or a stored snapshot that does not fit the env."""
+
+    def __init__(self, env: Env, problem: str):
+        cls = type(env)
+        super().__init__(f"env {env.name!r} ({cls.__module__}:{cls.__qualname__}): {problem}")
 
 
 def validate_call(call: ToolCall, tools: list[dict]) -> None:
     """Check a call against the tools' JSON schemas: known name, required args, basic types."""
     specs = {t["function"]["name"]: t["function"] for t in tools}
     if call.name not in specs:
-        raise ActionError(f"unknown tool {call.name!r}; available: {', '.join(specs)}")
+        raise ActionError(f"unknown tool {short(call.name)!r}; available: {', '.join(specs)}")
     params = specs[call.name].get("parameters", {})
     props = params.get("properties", {})
     missing = [k for k in params.get("required", []) if k not in call.arguments]
     if missing:
         raise ActionError(f"{call.name} is missing argument(s): {', '.join(missing)}")
-    unknown = [k for k in call.arguments if k not in props]
+    unknown = [short(str(k)) for k in call.arguments if k not in props]
     if unknown:
-        raise ActionError(f"{call.name} got unknown argument(s): {', '.join(unknown)}")
+        raise ActionError(f"{call.name} got unknown argument(s): {', '.join(unknown[:5])}")
     py_types = {"string": str, "number": (int, float), "integer": int, "boolean": bool}
     for key, value in call.arguments.items():
         want = py_types.get(props[key].get("type", ""))
         if want and not isinstance(value, want):
             raise ActionError(f"{call.name}.{key} must be a {props[key]['type']}")
-        if len(str(value)) > MAX_ARGUMENT_CHARS:
-            raise ActionError(f"{call.name}.{key} is too long ({len(str(value))} chars)")
+        size = _size(value)
+        if size > MAX_ARGUMENT_CHARS:
+            raise ActionError(f"{call.name}.{key} is too long (over {MAX_ARGUMENT_CHARS} chars)")
+
+
+def _size(value: Any) -> int:
+    """Characters of `value` as text; an integer too long for str() (over 4,300 digits)
+    counts as too long instead of raising."""
+    try:
+        return len(str(value))
+    except ValueError:
+        return MAX_ARGUMENT_CHARS + 1
+
+
+def short(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text` cut to `limit` characters, for echoing model text back in an observation."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _play_demo(env: Env, task: Task, actions: list[str]) -> list[Message]:
+    turns = [Message("user", "\n\n".join(p for p in (task.instruction, env.reset(task)) if p))]
+    result = None
+    for text in actions:
+        call, result = env.act(text)
+        turns += [Message("assistant", text, tool_calls=[call] if call else None),
+                  Message("tool", result.observation)]
+    if result is None or not result.done or result.reward != 1.0:
+        raise RuntimeError(f"{type(env).__name__}'s demonstration does not reach reward 1 "
+                           f"(last observation: {result.observation[:200] if result else None!r})")
+    return turns
 
 
 BUILTIN_ENVS = {

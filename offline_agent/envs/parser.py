@@ -20,7 +20,7 @@ import re
 import textwrap
 from typing import Any
 
-from offline_agent.envs.base import ActionError
+from offline_agent.envs.base import ActionError, short
 from offline_agent.types import ToolCall
 
 _LABEL = re.compile(r"^\s*(?:action|act)\s*\d*\s*:\s*", re.IGNORECASE)
@@ -54,7 +54,7 @@ def parse_action(text: str, tools: list[dict]) -> ToolCall:
         unknown = _LEADING_CALL.match(_LABEL.sub("", text))
         if unknown:
             raise ActionError(
-                f"unknown tool {unknown.group(1)!r}; available: {', '.join(s['name'] for s in specs.values())}"
+                f"unknown tool {short(unknown.group(1))!r}; available: {_available(specs)}"
             )
         raise ActionError(f"no tool call found; write one of: {_usage(specs)}")
     _, result = min(found, key=lambda f: f[0])
@@ -74,6 +74,8 @@ def _find_tag(text: str, specs: dict) -> Found | None:
         obj = json.loads(m.group(1).strip())
     except json.JSONDecodeError as e:
         return m.start(), ActionError(f"invalid JSON in <tool_call>: {e.msg} at char {e.pos}")
+    except ValueError as e:  # an integer of more than 4,300 digits
+        return m.start(), ActionError(f"invalid JSON in <tool_call>: {short(str(e), 80)}")
     except RecursionError:
         return m.start(), ActionError("JSON in <tool_call> is nested too deeply")
     return m.start(), _from_json(obj, specs)
@@ -85,7 +87,7 @@ def _find_json(text: str, specs: dict) -> Found | None:
     for m in starts:
         try:
             obj, _ = decoder.raw_decode(text[m.start() : m.start() + _JSON_WINDOW])
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # JSONDecodeError, or an over-long integer
             continue
         if isinstance(obj, dict) and ("name" in obj or isinstance(obj.get("function"), dict)):
             return m.start(), _from_json(obj, specs)
@@ -145,21 +147,24 @@ def _find_bare(text: str, specs: dict) -> Found | None:
 
 
 def _from_json(obj: Any, specs: dict) -> ToolCall | ActionError:
-    if isinstance(
-        obj.get("function"), dict
-    ):  # OpenAI style {"type": "function", "function": {...}}
+    if not isinstance(obj, dict):
+        return ActionError(f"a tool call must be a JSON object, got {type(obj).__name__}")
+    if isinstance(obj.get("function"), dict):  # OpenAI style {"type": "function", "function": ...}
         obj = obj["function"]
     name = obj.get("name")
     if not isinstance(name, str) or name.lower() not in specs:
-        return ActionError(
-            f"unknown tool {name!r}; available: {', '.join(s['name'] for s in specs.values())}"
-        )
+        shown = short(name) if isinstance(name, str) else type(name).__name__
+        return ActionError(f"unknown tool {shown!r}; available: {_available(specs)}")
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as e:
             return ActionError(f"arguments of {name} are not valid JSON: {e.msg}")
+        except ValueError as e:  # an integer of more than 4,300 digits
+            return ActionError(f"arguments of {name} are not valid JSON: {short(str(e), 80)}")
+        except RecursionError:
+            return ActionError(f"arguments of {name} are nested too deeply")
     if not isinstance(args, dict):
         return ActionError(f"arguments of {name} must be a JSON object, got {type(args).__name__}")
     return ToolCall(specs[name.lower()]["name"], args)
@@ -218,16 +223,21 @@ def _closing(text: str, open_idx: int, open_ch: str, close_ch: str) -> int | Non
 
     Depth counting that skips quoted strings closed on the same line (so code such as
     s.split("]") works, while an apostrophe in "men's" stays a letter); if the brackets
-    never balance, the last close_ch in the text.
+    never balance, the last close_ch in the text. Linear: once a quote finds no partner
+    before the end of its line, no later quote of that kind on the line can, so they are
+    letters without another scan.
     """
     depth, i = 0, open_idx
+    unclosed = {"'": -1, '"': -1}  # quote -> end of the line on which it finds no partner
     while i < len(text):
         ch = text[i]
-        if ch in "'\"":
+        if ch in unclosed and i >= unclosed[ch]:
             j = _string_end(text, i)
             if j is not None:
                 i = j + 1
                 continue
+            line_end = text.find("\n", i)
+            unclosed[ch] = len(text) if line_end == -1 else line_end
         elif ch == open_ch:
             depth += 1
         elif ch == close_ch:
@@ -249,6 +259,10 @@ def _string_end(text: str, start: int) -> int | None:
             return i
         i += 1
     return None
+
+
+def _available(specs: dict) -> str:
+    return ", ".join(s["name"] for s in specs.values())
 
 
 def _names(specs: dict) -> str:

@@ -9,6 +9,7 @@ Train and test hold disjoint problems (split by a hash of the function name).
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -19,13 +20,16 @@ from typing import Any
 
 from offline_agent.envs.base import ActionError, Env, StepResult
 from offline_agent.envs.python_problems import PROBLEMS, Problem
-from offline_agent.envs.sandbox import run_python
+from offline_agent.envs.sandbox import require_isolation, run_python
 from offline_agent.types import Task, ToolCall
 
+DEMO_PROBLEM = "differences"  # a short train problem solved in the demonstration
 HIDDEN_RANDOM = 5  # random hidden tests per task, on top of the problem's edge cases
 PER_TEST_S = 0.5  # alarm per test call, so one endless case does not zero the others
 TEST_BUCKETS = 4  # a problem is held out when hash(name) % TEST_BUCKETS == 0
 MARKER = "@@oa-results@@"
+REPORT_FIELD_CHARS = 500  # the harness cuts every field of its report to this
+_INVALID = object()  # what _loads returns for text that is not (safe) JSON
 
 # Runs in the sandbox after `PAYLOAD = '<json>'`: executes the code, calls the function on
 # each argument list, prints one marker line with the JSON-encoded return values.
@@ -52,7 +56,7 @@ with contextlib.redirect_stdout(out):
     try:
         exec(compile(P["code"], "solution.py", "exec"), ns)
     except SyntaxError as e:
-        res["error"] = "SyntaxError: %s (line %s)" % (e.msg, e.lineno)
+        res["error"] = ("SyntaxError: %s (line %s)" % (e.msg, e.lineno))[:200]
     except BaseException as e:
         res["error"] = _error(e)[1]
     finally:
@@ -84,7 +88,7 @@ class Report:
     stdout: str
 
 
-def run_cases(code: str, name: str, cases: list[list]) -> Report:
+def run_cases(code: str, name: str, cases: list[list], allow_weaker: bool = False) -> Report:
     """Run `code` in the sandbox and compare `name(*args)` with each case's expected value."""
     payload = {
         "code": code,
@@ -94,7 +98,7 @@ def run_cases(code: str, name: str, cases: list[list]) -> Report:
     }
     script = f"PAYLOAD = {json.dumps(payload)!r}\nMARKER = {MARKER!r}\n{HARNESS}"
     timeout_s = 2 + PER_TEST_S * (len(cases) + 2)  # start-up, module code, every case
-    result = run_python(script, timeout_s=timeout_s)
+    result = run_python(script, timeout_s=timeout_s, allow_weaker=allow_weaker)
     lines = [ln for ln in result.stdout.splitlines() if ln.startswith(MARKER)]
     res = _parse_results(lines[-1][len(MARKER) :], len(cases)) if lines else None
     if res is None:
@@ -123,14 +127,13 @@ def run_cases(code: str, name: str, cases: list[list]) -> Report:
 
 def _parse_results(line: str, n_cases: int) -> dict | None:
     """The harness's report, or None if it is malformed (the code may have forged or broken it)."""
-    try:
-        res = json.loads(line)
-    except ValueError:
+    res = _loads(line)
+    if res is _INVALID:
         return None
     if not (
         isinstance(res, dict)
-        and isinstance(res.get("error"), (str, type(None)))
-        and isinstance(res.get("stdout"), str)
+        and (res.get("error") is None or _short_text(res["error"]))
+        and _short_text(res.get("stdout"))
         and isinstance(res.get("results"), list)
         and (res["error"] is not None or len(res["results"]) == n_cases)
         and all(_valid_result(r) for r in res["results"])
@@ -140,16 +143,23 @@ def _parse_results(line: str, n_cases: int) -> dict | None:
 
 
 def _valid_result(r: object) -> bool:
-    if not (
-        isinstance(r, list) and len(r) == 2 and r[0] in ("ok", "error") and isinstance(r[1], str)
-    ):
+    if not (isinstance(r, list) and len(r) == 2 and r[0] in ("ok", "error") and _short_text(r[1])):
         return False
-    if r[0] == "ok":
-        try:
-            json.loads(r[1])
-        except ValueError:
-            return False
-    return True
+    return r[0] == "error" or _loads(r[1]) is not _INVALID
+
+
+def _short_text(value: object) -> bool:
+    """A string no longer than the harness ever writes (it cuts every field to 500)."""
+    return isinstance(value, str) and len(value) <= REPORT_FIELD_CHARS
+
+
+def _loads(text: str) -> Any:
+    """JSON from the sandbox's report line, or _INVALID where the code broke or forged it
+    (not JSON, nested too deeply, an integer of more than 4,300 digits)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return _INVALID
 
 
 def _short(text: str, limit: int = 120) -> str:
@@ -240,7 +250,9 @@ class PythonTasks(Env):
     """Function-writing problems scored by hidden unit tests run in the sandbox."""
 
     name = "python"
-    stop = ["]\n\n", "\n\n\n"]  # code may hold a blank line; the closing bracket ends it
+    # A reply ends at a blank line, so code must not hold one (the prompt says so). A stop
+    # string that starts with "]" would cut the action's own closing bracket off the text.
+    stop = ["\n\n"]
     max_action_tokens = 320
     tools = [
         _code_tool("run_tests", "Run the code on the example tests and show the results."),
@@ -248,6 +260,13 @@ class PythonTasks(Env):
             "submit", "Submit the final code; hidden tests give the score; ends the episode."
         ),
     ]
+
+    def __init__(self, max_steps: int = 10, seed: int = 0, allow_weaker_sandbox: bool = False):
+        """`allow_weaker_sandbox`: run code even where a sandbox layer is missing (else a
+        machine without one fails here, before any search, with the missing layers named)."""
+        super().__init__(max_steps=max_steps, seed=seed)
+        require_isolation(allow_weaker_sandbox)
+        self.allow_weaker_sandbox = allow_weaker_sandbox
 
     def tasks(self, split: str, n: int) -> list[Task]:
         problems = [p for p in PROBLEMS if split_of(p) == split]
@@ -265,7 +284,7 @@ class PythonTasks(Env):
             "You write Python functions. Reply with exactly one action per turn:\n"
             "run_tests[code] - run your code on the examples and see which pass\n"
             "submit[code] - submit your final code; hidden tests decide the score and the episode ends\n"
-            "Put the whole function definition inside the brackets.\n"
+            "Put the whole function definition inside the brackets, with no blank lines.\n"
             "\n"
             "Example:\n"
             "Task: def double(x: int) -> int, return x times 2; double(3) == 6\n"
@@ -276,6 +295,15 @@ class PythonTasks(Env):
             "    return x * 2]"
         )
 
+    def demo_episode(self) -> tuple[Task, list[str]]:
+        """A short train problem: run_tests with the reference code, then submit it.
+        Without it the 135M model writes a fenced function and no tool name (0 valid of 4).
+        Its code ends in a list comprehension, so the action ends in "]]": the model writes
+        such code often, and after a demo ending in ")]" it left out the tool's own "]"."""
+        problem = next(p for p in PROBLEMS if p.name == DEMO_PROBLEM)
+        code = f"{problem.signature}\n{problem.solution}"
+        return make_task(problem, 0, self.seed), [f"run_tests[{code}]", f"submit[{code}]"]
+
     def _reset(self, task: Task) -> str:
         self.state = {"submitted": False}
         return "Check your code with run_tests[...], then submit[...] it."
@@ -283,11 +311,11 @@ class PythonTasks(Env):
     def _execute(self, call: ToolCall) -> StepResult:
         if self.state["submitted"]:
             raise ActionError("the episode is over: the code was already submitted")
-        data = self.task.data
+        data, code = self.task.data, restore_bracket(call.arguments["code"])
         if call.name == "run_tests":
-            report = run_cases(call.arguments["code"], data["function"], data["visible"])
+            report = run_cases(code, data["function"], data["visible"], self.allow_weaker_sandbox)
             return StepResult(observation=_render(report), info={"passed": sum(report.passed)})
-        report = run_cases(call.arguments["code"], data["function"], data["hidden"])
+        report = run_cases(code, data["function"], data["hidden"], self.allow_weaker_sandbox)
         self.state = {"submitted": True}
         passed, total = sum(report.passed), len(report.passed)
         observation = f"Submitted: {passed}/{total} hidden tests passed."
@@ -299,6 +327,25 @@ class PythonTasks(Env):
             done=True,
             info={"passed": passed, "total": total},
         )
+
+
+def restore_bracket(code: str) -> str:
+    """`code` with a "]" appended if only that makes it valid Python.
+
+    Small models end code such as `return [x for x in xs]` with one "]" for both the list
+    and the action (`submit[...]`); the parser then closes the action at that last "]" and
+    the code loses it. Parsing only (no execution) of at most MAX_ARGUMENT_CHARS chars."""
+    if _parses(code) or not _parses(code + "]"):
+        return code
+    return code + "]"
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return False
+    return True
 
 
 def _render(report: Report) -> str:

@@ -1,28 +1,30 @@
-"""Run untrusted Python (model-written code) in a throwaway, resource-limited process.
+"""Run untrusted Python (model-written code) in a throwaway, confined process.
 
-The child is a chain of util-linux tools, so no Python runs between fork and exec
-(`preexec_fn` is unsafe in a threaded parent such as one that loaded torch):
+The child is a chain of util-linux tools and one launcher script, so no Python runs between
+fork and exec in the parent (`preexec_fn` is unsafe in a threaded parent such as torch's):
 
-    prlimit (CPU, address space, processes, file size, no core)
-      -> unshare --net --pid --fork        [when permitted: no network; every
-                                             descendant dies with the namespace]
-      -> setpriv --reuid UID               [when root: RLIMIT_NPROC is not enforced
-                                             for uid 0, so a fork bomb needs a drop]
-      -> /bin/sh (namespace init, so the interpreter is an ordinary process that
-                  signals can kill and whose status is reported as 128 + signal)
-      -> python -s -S -B -c RUN_MAIN       [no site-packages, no .pyc writes]
+    /bin/sh: join the run's fresh cgroup           [total memory + process caps]
+      -> prlimit (CPU, address space, processes, file size, no core)
+      -> unshare --mount --pid --net --ipc --uts --cgroup --fork --kill-child
+      -> python -s -S -B -c sandbox_launcher.py, as root, pid 1 of the new pid namespace:
+         mounts a tmpfs root holding /usr read-only, a fresh /proc, size-capped tmpfs /work,
+         /tmp and /dev/shm and five device nodes, pivot_roots into it and drops the old
+         root; stays as the init (the run's uid can neither signal nor ptrace it); forks:
+           -> setresuid(UID), no_new_privs, seccomp filter (no new namespaces, no io_uring,
+              only UNIX/INET sockets), then main.py runs in that same interpreter
 
-plus a new session (`killpg` of the whole group on timeout and after every run), a
-fresh temp working directory deleted afterwards, and an environment built from an
-allow-list (no tokens, keys or proxies). Without network namespaces, a prelude
-removes the `socket` modules instead (weaker; user code can still use raw syscalls
-via ctypes). Which mechanisms apply here is probed once: see `probe_isolation()`.
+plus a new session (`killpg` on timeout and after every run) and an environment built from
+an allow-list. What this machine provides is probed once (`probe_isolation()`);
+`sandbox_report()` says which layers are active. A missing layer makes `run_python` refuse
+unless the caller passes `allow_weaker=True`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
+import logging
 import os
 import pwd
 import shutil
@@ -34,28 +36,43 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-# Unassigned uids, one per run in turn: what a run leaves behind (zombies that a slow init
-# has not reaped yet) then never counts against the next run's RLIMIT_NPROC, and concurrent
-# runs cannot signal each other.
+from offline_agent.envs import cgroups
+from offline_agent.envs.base import EnvFailure
+from offline_agent.envs.cgroups import Cgroups
+
+log = logging.getLogger(__name__)
+
+# Unassigned uids, one per run in turn: what a run leaves behind never counts against the
+# next run's RLIMIT_NPROC, and concurrent runs cannot signal each other.
 SANDBOX_UIDS = range(61000, 61256)
 _run_counter = itertools.count(os.getpid())  # a different start in each process
-MAX_PROCS = 64  # RLIMIT_NPROC for the sandbox uid (threads count too)
+MAX_PROCS = 64  # processes (threads count too) of one run: cgroup pids.max and RLIMIT_NPROC
+FALLBACK_PROCS = 4  # without cgroups: RLIMIT_NPROC, with RLIMIT_AS = memory_mb / this
 MAX_FILE_MB = 16  # RLIMIT_FSIZE: any single file, stdout and stderr included
+TMPFS_MB = 64  # each of /work, /tmp, /dev/shm (charged to the run's memory cap too)
 MAX_OUTPUT_CHARS = 16000  # returned per stream; head and tail kept, middle elided
 PY_FLAGS = ["-s", "-S", "-B"]  # not -I: it implies -E, which would ignore PYTHONHASHSEED
 
-# main.py runs via -c so tracebacks name "main.py", not the random temp path (same code,
-# same output); without a network namespace the socket modules are made unimportable first.
-RUN_MAIN = (
-    "import sys; sys.argv[0] = 'main.py'; "
-    "exec(compile(open('main.py', encoding='utf-8').read(), 'main.py', 'exec'), "
-    "{'__name__': '__main__', '__file__': 'main.py'})"
-)
-BLOCK_NET = "import sys; sys.modules.update(dict.fromkeys(('socket', '_socket', 'ssl', '_ssl'))); "
+# The seccomp filter the launcher loads before exec'ing the interpreter (after
+# no_new_privs): (errno, syscall, arg0 test, a, b) with tests 0 none, 4 ==, 5 >=, 7 masked ==.
+# clone3 gets ENOSYS (its flags sit behind a pointer), so libc falls back to clone, whose
+# flags are checked.
+SECCOMP_RULES = [
+    (1, "unshare", 0, 0, 0),
+    (1, "setns", 0, 0, 0),
+    (38, "clone3", 0, 0, 0),
+    (1, "clone", 7, 0x10000000, 0x10000000),  # CLONE_NEWUSER
+    # io_uring can open sockets without the socket syscall (IORING_OP_SOCKET)
+    *[(1, f"io_uring_{op}", 0, 0, 0) for op in ("setup", "enter", "register")],
+    # socket families: only AF_UNIX (1), AF_INET (2), AF_INET6 (10)
+    *[(97, "socket", 4, fam, 0) for fam in (0, 3, 4, 5, 6, 7, 8, 9)],
+    (97, "socket", 5, 11, 0),
+]
+LAUNCHER = Path(__file__).with_name("sandbox_launcher.py").read_text(encoding="utf-8")
 
 
-class SandboxError(RuntimeError):
-    """The sandbox cannot be set up safely on this machine (never raised for user code)."""
+class SandboxError(EnvFailure):
+    """The sandbox cannot be set up (safely) here; never raised for what user code does."""
 
 
 @dataclass
@@ -71,28 +88,79 @@ class SandboxResult:
 class Isolation:
     """The confinement available on this machine."""
 
-    namespaces: bool  # network + pid namespaces (needs CAP_SYS_ADMIN)
+    namespaces: bool  # pid + network (+ ipc, uts) namespaces: needs CAP_SYS_ADMIN
+    private_fs: bool  # mount namespace with a tmpfs root (needs namespaces, root, python in /usr)
     drop_uid: bool  # running as root: run the child as an unprivileged uid (SANDBOX_UIDS)
+    cgroups: Cgroups | None  # a writable cgroup for total memory + process caps
+    seccomp: bool  # libseccomp loads: no new namespaces, only UNIX/INET sockets
     python: str  # an interpreter the child's uid can execute
+
+    def missing(self) -> list[str]:
+        """Layers this machine lacks (empty: full isolation)."""
+        have = {
+            "namespaces": self.namespaces,
+            "private_fs": self.namespaces and self.private_fs,
+            "drop_uid": self.drop_uid,
+            "cgroups": self.cgroups is not None,
+            "seccomp": self.seccomp,
+        }
+        return [name for name, ok in have.items() if not ok]
+
+
+LAYER_NEEDS = {
+    "namespaces": "unshare --pid --net (CAP_SYS_ADMIN)",
+    "private_fs": "namespaces, root, mount/pivot_root and a python3 under /usr",
+    "drop_uid": "running as root (else the child runs as the caller's own uid)",
+    "cgroups": "a writable cgroup (v2 with memory+pids delegated, or v1 memory and pids)",
+    "seccomp": "libseccomp.so.2 loadable by the child's python",
+}
+
+
+def sandbox_report(iso: Isolation | None = None) -> dict[str, str]:
+    """Layer -> what enforces it here, or "MISSING: what it needs"."""
+    iso = iso or probe_isolation()
+    active = {
+        "namespaces": "pid + network + ipc + uts + cgroup namespaces",
+        "private_fs": "tmpfs root: /usr read-only, private /proc, "
+        f"{TMPFS_MB} MB tmpfs /work, /tmp, /dev/shm",
+        "drop_uid": f"uids {SANDBOX_UIDS.start}-{SANDBOX_UIDS.stop - 1}, one per run",
+        "cgroups": iso.cgroups.describe() if iso.cgroups else "",
+        "seccomp": "no unshare/setns/clone(NEWUSER)/io_uring; sockets: UNIX, INET, INET6 only",
+    }
+    missing = iso.missing()
+    report = {k: f"MISSING: {LAYER_NEEDS[k]}" if k in missing else v for k, v in active.items()}
+    report["total_memory"] = (
+        "cgroup memory cap = memory_mb (tmpfs included)"
+        if iso.cgroups
+        else f"RLIMIT_AS memory_mb/{FALLBACK_PROCS} x RLIMIT_NPROC {FALLBACK_PROCS}"
+        + (f" + 3 x {TMPFS_MB} MB tmpfs" if "private_fs" not in missing else "")
+    )
+    report["python"] = iso.python
+    return report
 
 
 @functools.lru_cache(maxsize=1)
 def probe_isolation() -> Isolation:
     """Probe once what confinement works here; refuse rather than run code as root unlimited."""
-    for tool in ("prlimit", "unshare", "setpriv"):
+    for tool in ("prlimit", "unshare"):
         if shutil.which(tool) is None:
             raise SandboxError(f"the sandbox needs util-linux's `{tool}` on PATH")
-    root = os.geteuid() == 0
-    namespaces = (
-        subprocess.run(
-            ["unshare", "--net", "--pid", "--fork", "--kill-child", "true"],
-            capture_output=True,
-            check=False,
-        ).returncode
-        == 0
-    )
-    if not root:
-        return Isolation(namespaces=namespaces, drop_uid=False, python=sys.executable)
+    namespaces = _ok(["unshare", "--net", "--pid", "--fork", "--kill-child", "true"])
+    base = Isolation(namespaces, False, False, cgroups.probe_cgroups(), False, sys.executable)
+    if os.geteuid() == 0:
+        base = dataclasses.replace(base, drop_uid=True, python=_root_python())
+        in_usr = os.path.realpath(base.python).startswith("/usr/")
+        trial = dataclasses.replace(base, private_fs=namespaces and in_usr)
+        if trial.private_fs and _run("print(1)", 5, 512, trial).stdout == "1\n":
+            base = trial
+    # seccomp counts only if the filter loads and then really refuses a new user namespace
+    trial = dataclasses.replace(base, seccomp=True)
+    code = "import ctypes\nprint(ctypes.CDLL(None, use_errno=True).unshare(0x10000000))"
+    return trial if _run(code, 5, 512, trial).stdout == "-1\n" else base
+
+
+def _root_python() -> str:
+    """An interpreter an unprivileged uid can run (the venv's may sit under /root, mode 700)."""
     taken = [u for u in SANDBOX_UIDS if _has_account(u)]
     if taken:
         raise SandboxError(f"uids {taken[:5]} of the sandbox range belong to accounts here")
@@ -103,7 +171,11 @@ def probe_isolation() -> Isolation:
             f"running as root, but no Python interpreter is executable by an unprivileged uid "
             f"(tried {candidates}); install a system python3 or run as a normal user"
         )
-    return Isolation(namespaces=namespaces, drop_uid=True, python=usable[0])
+    return usable[0]
+
+
+def _ok(argv: list[str]) -> bool:
+    return subprocess.run(argv, capture_output=True, check=False).returncode == 0
 
 
 def _has_account(uid: int) -> bool:
@@ -120,28 +192,59 @@ def _world_executable(path: str) -> bool:
     return all(os.stat(p).st_mode & stat.S_IXOTH for p in [real, *real.parents])
 
 
+@functools.cache
+def _warn_weaker(missing: tuple[str, ...]) -> None:
+    log.warning("sandbox runs WITHOUT %s (allowed by the caller)", ", ".join(missing))
+
+
 def run_python(
     code: str,
     timeout_s: float = 5,
     memory_mb: int = 512,
     isolation: Isolation | None = None,
+    allow_weaker: bool = False,
 ) -> SandboxResult:
     """Run `code` as a script in a fresh confined process; never raises for what the code does.
 
-    `isolation` defaults to what `probe_isolation()` finds (tests pass a weaker one).
+    `memory_mb` caps the whole run (all its processes and tmpfs files) where cgroups exist.
+    `isolation` defaults to what `probe_isolation()` finds (tests pass weaker ones). Raises
+    SandboxError if a layer is missing, unless `allow_weaker`.
     """
+    return _run(code, timeout_s, memory_mb, require_isolation(allow_weaker, isolation))
+
+
+def require_isolation(allow_weaker: bool = False, isolation: Isolation | None = None) -> Isolation:
+    """The isolation to use (default: probed); SandboxError if a layer is missing and the
+    caller did not allow it; a warning, once, if it did."""
     iso = isolation or probe_isolation()
+    if iso.missing():
+        if not allow_weaker:
+            needs = "; ".join(f"{k} (needs {LAYER_NEEDS[k]})" for k in iso.missing())
+            raise SandboxError(
+                f"refusing to run untrusted code: this machine lacks sandbox layers: {needs}. "
+                f"To run anyway with less isolation, set allow_weaker=True "
+                f"(python env: env.kwargs.allow_weaker_sandbox: true)"
+            )
+        _warn_weaker(tuple(iso.missing()))
+    return iso
+
+
+def _run(code: str, timeout_s: float, memory_mb: int, iso: Isolation) -> SandboxResult:
     uid = SANDBOX_UIDS[next(_run_counter) % len(SANDBOX_UIDS)]
-    workdir = tempfile.mkdtemp(prefix="oa-sandbox-")
+    stage = tempfile.mkdtemp(prefix="oa-sandbox-")  # mode 0700: main.py, seen only by root
     try:
-        if iso.drop_uid:
-            os.chown(workdir, uid, uid)
-        Path(workdir, "main.py").write_text(code, encoding="utf-8")
+        cg_dirs = cgroups.create(iso.cgroups, memory_mb, MAX_PROCS + 8) if iso.cgroups else []
+    except OSError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise SandboxError(f"cannot create the run's cgroup: {e}") from e
+    try:
+        _prepare(stage, code, iso, uid)
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            argv = _argv(iso, uid, timeout_s, memory_mb, stage, cg_dirs)
             proc = subprocess.Popen(
-                _argv(iso, uid, timeout_s, memory_mb),
-                cwd=workdir,
-                env=_child_env(workdir),
+                argv,
+                cwd="/",  # the launcher starts as root: '' on its sys.path must be safe
+                env=_child_env(_workdir(iso, stage)),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
@@ -155,38 +258,68 @@ def run_python(
             _kill_group(proc.pid)  # also after a normal exit: leftover grandchildren die too
             proc.wait()
             stdout, stderr = _read_capped(out), _read_capped(err)
+        oom = cgroups.oom_kills(cg_dirs) if cg_dirs else 0
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        cgroups.remove(cg_dirs)
+        shutil.rmtree(stage, ignore_errors=True)
     rc = proc.returncode
-    return SandboxResult(stdout, stderr, rc, timed_out, _killed_reason(rc, timed_out, stderr, iso))
+    reason = _killed_reason(rc, timed_out, stderr, iso, oom)
+    return SandboxResult(stdout, stderr, rc, timed_out, reason)
 
 
-def _argv(iso: Isolation, uid: int, timeout_s: float, memory_mb: int) -> list[str]:
+def _private(iso: Isolation) -> bool:
+    return iso.namespaces and iso.private_fs
+
+
+def _workdir(iso: Isolation, stage: str) -> str:
+    """The run's working directory as the child sees it."""
+    return "/work" if _private(iso) else stage
+
+
+def _prepare(stage: str, code: str, iso: Isolation, uid: int) -> None:
+    """main.py, and either a mount point for the private root or a stage the uid owns."""
+    Path(stage, "main.py").write_text(code, encoding="utf-8")
+    if _private(iso):
+        os.mkdir(Path(stage, "root"))
+    elif iso.drop_uid:
+        os.chown(stage, uid, uid)
+        os.chown(Path(stage, "main.py"), uid, uid)
+
+
+def _argv(
+    iso: Isolation, uid: int, timeout_s: float, memory_mb: int, stage: str, cg_dirs: list[Path]
+) -> list[str]:
+    argv = []
+    if cg_dirs:  # join the cgroup first, so that every later process is inside it
+        join = 'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done'
+        argv += ["/bin/sh", "-c", join + '; shift; exec "$@"', "sh"]
+        argv += [*[str(d / "cgroup.procs") for d in cg_dirs], "--"]
     cpu = int(timeout_s) + 1  # the wall timeout normally fires first; this catches threads
-    argv = [
-        "prlimit",
-        f"--cpu={cpu}:{cpu + 1}",
-        f"--as={memory_mb * 2**20}",
-        f"--nproc={MAX_PROCS}",
-        f"--fsize={MAX_FILE_MB * 2**20}",
-        "--core=0",
-        "--",
-    ]
+    procs, per_process_mb = (
+        (MAX_PROCS, memory_mb) if cg_dirs else (FALLBACK_PROCS, memory_mb // FALLBACK_PROCS)
+    )
+    argv += ["prlimit", f"--cpu={cpu}:{cpu + 1}", f"--as={per_process_mb * 2**20}"]
+    argv += [f"--nproc={procs}", f"--fsize={MAX_FILE_MB * 2**20}", "--core=0", "--"]
     if iso.namespaces:
-        argv += ["unshare", "--net", "--pid", "--fork", "--kill-child", "--"]
-    if iso.drop_uid:
-        argv += [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={uid}",
-            "--clear-groups",
-            "--no-new-privs",
-            "--",
-        ]
-    if iso.namespaces:  # an init that is not the interpreter: pid 1 ignores default-action signals
-        argv += ["/bin/sh", "-c", '"$@"; exit $?', "sh"]
-    run = RUN_MAIN if iso.namespaces else BLOCK_NET + RUN_MAIN
-    return argv + [iso.python, *PY_FLAGS, "-c", run]
+        argv += ["unshare", "--net", "--pid", "--ipc", "--uts", "--cgroup", "--fork"]
+        argv += ["--kill-child", *(["--mount"] if _private(iso) else []), "--"]
+    cfg = {
+        "private_fs": _private(iso),
+        "init": iso.namespaces,
+        "drop_uid": iso.drop_uid,
+        "seccomp": iso.seccomp,
+        "seccomp_rules": SECCOMP_RULES,
+        "root": f"{stage}/root",
+        "stage": stage,
+        "uid": uid,
+        "tmpfs_mb": TMPFS_MB,
+        "workdir": _workdir(iso, stage),
+        "block_net": not iso.namespaces,
+    }
+    # one line, so tracebacks start `File "<string>", line 1` whatever the launcher holds
+    run = "import sys; exec(sys.argv[1]); "
+    run += f"exec(launch({cfg!r}), {{'__name__': '__main__', '__file__': 'main.py'}})"
+    return argv + [iso.python, *PY_FLAGS, "-c", run, LAUNCHER]
 
 
 def _child_env(workdir: str) -> dict[str, str]:
@@ -194,7 +327,7 @@ def _child_env(workdir: str) -> dict[str, str]:
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": workdir,
-        "TMPDIR": workdir,
+        "TMPDIR": "/tmp" if workdir == "/work" else workdir,
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
         "PYTHONHASHSEED": "0",  # deterministic set/dict-of-str order: same code, same output
@@ -222,11 +355,11 @@ def _read_capped(f) -> str:
     return f"{head}\n...[{size - 2 * half} bytes elided]...\n{tail}"
 
 
-def _killed_reason(rc: int, timed_out: bool, stderr: str, iso: Isolation) -> str | None:
+def _killed_reason(rc: int, timed_out: bool, stderr: str, iso: Isolation, oom: int) -> str | None:
     if timed_out:
         return "timeout"
     last = stderr.rstrip().rsplit("\n", 1)[-1]
-    if last.startswith("MemoryError"):
+    if oom or last.startswith("MemoryError"):
         return "memory"
     if "File too large" in last:
         return "file_size"

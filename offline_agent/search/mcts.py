@@ -50,7 +50,7 @@ class Node:
     critic_score: float | None = None  # in [0, 1]; siblings' scores sum to 1
     ending: float | None = None  # best reward of a listed action that ends the episode here
     info: dict = field(default_factory=dict)  # the env's StepResult.info (e.g. truncated)
-    snapshot: bytes = b""  # env state after this step, so search branches without replay
+    snapshot: dict = field(default_factory=dict)  # Env.snapshot() after this step (JSON data)
     created_sim: int = 0
     children: list[int] = field(default_factory=list)
 
@@ -211,7 +211,7 @@ def seed_for(base: int, task_id: str, simulation: int, purpose: str) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def finishing_steps(env: Env) -> list[tuple[Step, bytes]]:
+def finishing_steps(env: Env) -> list[tuple[Step, dict]]:
     """The env's listed actions that end the episode here, each with its step and end state.
 
     Tried on a snapshot and undone: env steps, no model call. A small policy often reaches
@@ -327,7 +327,7 @@ def simulate(
     # episode, and the simulation returns the best of those endings and its own
     steps = tree.steps(node)
     env.restore(node.snapshot)
-    endings: list[tuple[float, list[Step], bytes]] = []  # (reward, steps, final env state)
+    endings: list[tuple[float, list[Step], dict]] = []  # (reward, steps, final env snapshot)
     if node.terminal:
         endings.append((node.reward, steps, node.snapshot))
     else:

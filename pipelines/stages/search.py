@@ -3,12 +3,14 @@
 Every tick of the batched driver commits the simulations that finished in it, their new
 nodes, the visit/value updates along their paths, their rollout trajectories and the
 trees' counters, in one transaction. A crash loses only simulations in flight; on
-re-run each tree is rebuilt from its stored nodes (env snapshots included) and continues
-from its stored simulation count; a tree marked done is never searched again.
+re-run each tree is rebuilt from its stored nodes (env snapshots included: JSON data, which
+restoring can never turn into code) and continues from its stored simulation count; a tree
+marked done is never searched again.
 """
 
 from __future__ import annotations
 
+from offline_agent.envs.base import Env
 from offline_agent.search.mcts import Node, SimulationResult, Tree
 from offline_agent.types import Task, ToolCall, step_to_dict
 from pipelines.runner import StageContext
@@ -34,7 +36,7 @@ def node_row(tree_id: int, node: Node) -> dict:
         "reward": node.reward,
         "terminal": node.terminal,
         "invalid": node.invalid,
-        "env_snapshot": node.snapshot,
+        "snapshot": node.snapshot,
         "info": node.info or None,
         "created_sim": node.created_sim,
     }
@@ -47,6 +49,8 @@ def tree_from_rows(task: Task, rows: list[dict], simulations_done: int) -> Tree:
         local = r["node_id"] % NODES_PER_TREE
         if local != len(nodes):
             raise ValueError(f"tree of {task.id}: node ids are not contiguous at {local}")
+        if not r["snapshot"]:
+            raise ValueError(f"tree of {task.id}: node {local} has no env snapshot")
         parent = None if r["parent_id"] is None else r["parent_id"] % NODES_PER_TREE
         nodes.append(Node(
             id=local, parent=parent, depth=r["depth"], action=r["action"] or "",
@@ -54,7 +58,7 @@ def tree_from_rows(task: Task, rows: list[dict], simulations_done: int) -> Tree:
             observation=r["observation"] or "", reward=r["reward"] or 0.0,
             terminal=r["terminal"], invalid=r["invalid"], visits=r["visits"],
             value_sum=r["value_sum"], critic_rank=r["critic_rank"],
-            critic_score=r["critic_score"], ending=r["ending"], snapshot=r["env_snapshot"] or b"",
+            critic_score=r["critic_score"], ending=r["ending"], snapshot=r["snapshot"],
             created_sim=r["created_sim"] or 0, info=r["info"] or {},
         ))
         if parent is not None:
@@ -116,6 +120,26 @@ class TreeWriter:
         return row
 
 
+def load_trees(store: Store, todo: list[Task], stored: dict[str, dict], tree_ids: dict[str, int],
+               env: Env, writer: TreeWriter) -> tuple[list[Tree], list[Tree]]:
+    """The trees of `todo`, and which of them are new. A stored tree is rebuilt from its rows
+    and each of its snapshots restored once, so a snapshot the env cannot take fails here,
+    before the model loads; a new tree's root snapshot checks the env's state round trip."""
+    trees, fresh = [], []
+    for task in todo:
+        if task.id in stored:
+            row = stored[task.id]
+            tree = tree_from_rows(task, store.load_tree(tree_ids[task.id]), row["simulations_done"])
+            for node in tree.nodes:
+                env.restore(node.snapshot)
+            writer.best[task.id] = row["best_reward"] if row["best_reward"] is not None else 0.0
+        else:
+            tree = Tree.new(task, env)
+            fresh.append(tree)
+        trees.append(tree)
+    return trees, fresh
+
+
 def run_search(ctx: StageContext) -> dict:
     from offline_agent.envs.base import load_env
     from offline_agent.policy import load_policy
@@ -134,22 +158,11 @@ def run_search(ctx: StageContext) -> dict:
     todo = [t for t in tasks if stored.get(t.id, {}).get("status") != "done"]
     stats: dict = {"trees": len(tasks), "trees_resumed": 0, "trees_skipped": len(tasks) - len(todo)}
     if todo:
+        writer = TreeWriter(store, ctx.stage, tree_ids, cfg.search.simulations)
+        trees, fresh = load_trees(store, todo, stored, tree_ids, make_env(), writer)
+        stats["trees_resumed"] = len(trees) - len(fresh)
         policy = load_policy(**vars(cfg.model), seed=cfg.run.seed)
         critic = Critic(policy, make_env()) if cfg.search.critic == "logprob" else None
-        writer = TreeWriter(store, ctx.stage, tree_ids, cfg.search.simulations)
-        trees, fresh = [], []
-        env = make_env()
-        for task in todo:
-            if task.id in stored:
-                row = stored[task.id]
-                rows = store.load_tree(tree_ids[task.id])
-                trees.append(tree_from_rows(task, rows, row["simulations_done"]))
-                writer.best[task.id] = row["best_reward"] if row["best_reward"] is not None else 0.0
-                stats["trees_resumed"] += 1
-            else:
-                tree = Tree.new(task, env)
-                trees.append(tree)
-                fresh.append(tree)
         writer.create(fresh)
 
         def commit(finished):

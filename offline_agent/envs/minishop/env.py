@@ -23,7 +23,7 @@ from offline_agent.envs.minishop.goals import (
 )
 from offline_agent.envs.minishop.reward import reward
 from offline_agent.envs.minishop.search import catalog_index, search_ids
-from offline_agent.types import Message, Task, ToolCall
+from offline_agent.types import Task, ToolCall
 
 DEFAULT_DIFFICULTY = 3
 
@@ -101,6 +101,7 @@ class MiniShop(Env):
     name = "minishop"
     tools = TOOLS
     stop = ["\n"]  # the model likes to write a fake "Store: ..." line after its action
+    state_type = ShopState  # snapshots rebuild it from JSON (tuples stay tuples)
 
     def __init__(
         self,
@@ -115,7 +116,6 @@ class MiniShop(Env):
         self.catalog = build_catalog(seed, num_products)
         catalog_index(seed, num_products)  # build now, not on the first search
         self.state = ShopState()
-        self._demo: list[Message] | None = None
 
     # ---- tasks ------------------------------------------------------------------------------
     def tasks(self, split: str, n: int) -> list[Task]:
@@ -136,28 +136,20 @@ class MiniShop(Env):
     def system_prompt(self) -> str:
         return SYSTEM_PROMPT
 
-    def demonstration(self) -> list[Message]:
-        """One scripted easy episode (search the goal's words, open the target, buy) as chat
-        turns. Without it the 135M model repeats its first action and never buys (0% greedy
+    def demo_episode(self) -> tuple[Task, list[str]]:
+        """One scripted easy episode (search the goal's words, open the target, buy).
+        Without it the 135M model repeats its first action and never buys (0% greedy
         success); with it, ~16% at the default difficulty (docs/environments.md). A demo that
         also clicks options did worse, so the demo buys a goal that names none."""
-        if self._demo is None:
-            shop = MiniShop(seed=self.seed, num_products=self.num_products, difficulty=1)
-            for task in shop.tasks("train", 50):
-                first = shop.reset(task)
-                goal = Goal.from_data(task.data)
-                turns = [Message("user", f"{task.instruction}\n\n{first}")]
-                for text in (f"search[{' '.join((*goal.attributes, goal.type))}]",
-                             f"click[{goal.target}]", "buy"):
-                    call, result = shop.act(text)
-                    turns += [Message("assistant", text, tool_calls=[call] if call else None),
-                              Message("tool", result.observation)]
-                if result.reward == 1.0:
-                    self._demo = turns
-                    break
-            else:
-                raise RuntimeError("no scripted MiniShop demo episode succeeded")
-        return self._demo
+        shop = MiniShop(seed=self.seed, num_products=self.num_products, difficulty=1)
+        for task in shop.tasks("train", 50):
+            goal = Goal.from_data(task.data)
+            actions = [f"search[{' '.join((*goal.attributes, goal.type))}]",
+                       f"click[{goal.target}]", "buy"]
+            shop.reset(task)
+            if [shop.act(text)[1].reward for text in actions][-1] == 1.0:
+                return task, actions
+        raise RuntimeError("no scripted MiniShop demo episode succeeded")
 
     # ---- episode ----------------------------------------------------------------------------
     def _reset(self, task: Task) -> str:
