@@ -492,3 +492,46 @@ PROBLEMS: list[Problem] = [
         lambda r: (_ints(r),),
     ),
 ]
+
+# The easy tier: one-line functions a 135M model can write after the demonstration. Without
+# them the model solved none of the test problems it tried (docs/environments.md). Split by
+# hash like the others: 3 of these 12 are test problems.
+EASY: list[Problem] = [
+    Problem("add_k", "def add_k(x: int) -> int:", "Return x plus {k}.", "    return x + {k}",
+            ((1,), (10,)), ((0,), (-5,), (100,)), lambda r: (r.randint(-50, 50),),
+            ({"k": 1}, {"k": 5}, {"k": 10})),
+    Problem("negate", "def negate(x: int) -> int:", "Return -x.", "    return -x",
+            ((3,), (-4,)), ((0,), (1,), (-100,)), lambda r: (r.randint(-99, 99),)),
+    Problem("keep_positive", "def keep_positive(xs: list) -> list:",
+            "Return the numbers of xs that are greater than 0, in order.",
+            "    return [x for x in xs if x > 0]", (([1, -2, 3],), ([-1],)),
+            (([],), ([0],), ([5, 5],)), lambda r: (_ints(r),)),
+    Problem("square", "def square(x: int) -> int:", "Return x squared.", "    return x * x",
+            ((3,), (-2,)), ((0,), (1,), (12,)), lambda r: (r.randint(-30, 30),)),
+    Problem("is_even", "def is_even(x: int) -> bool:", "Return True if x is even.",
+            "    return x % 2 == 0", ((4,), (7,)), ((0,), (-3,), (100,)),
+            lambda r: (r.randint(-99, 99),)),
+    Problem("last_item", "def last_item(xs: list):", "Return the last element of xs (not empty).",
+            "    return xs[-1]", (([1, 2, 3],), (["a"],)), (([0],), ([5, 4],), ([-1, 0, 1],)),
+            lambda r: (_ints(r, 1, 8),)),
+    Problem("list_length", "def list_length(xs: list) -> int:",
+            "Return the number of elements in xs.", "    return len(xs)", (([1, 2, 3],), ([],)),
+            (([0],), ([5, 5, 5, 5],), ([[], []],)), lambda r: (_ints(r),)),
+    Problem("sum_list", "def sum_list(xs: list) -> int:", "Return the sum of the numbers in xs.",
+            "    return sum(xs)", (([1, 2, 3],), ([],)), (([-5],), ([0, 0],), ([10, -10, 3],)),
+            lambda r: (_ints(r),)),
+    Problem("max_value", "def max_value(xs: list) -> int:",
+            "Return the largest number in xs (not empty).", "    return max(xs)",
+            (([1, 5, 3],), ([-2, -7],)), (([0],), ([4, 4],), ([-1, 0, 1],)),
+            lambda r: (_ints(r, 1, 8),)),
+    Problem("shout", "def shout(s: str) -> str:", "Return s in upper case.",
+            "    return s.upper()", (("hello",), ("Hi there",)), (("",), ("ABC",), ("x1!",)),
+            lambda r: (_words(r),)),
+    Problem("double_all", "def double_all(xs: list) -> list:",
+            "Return a list with every number of xs doubled.", "    return [2 * x for x in xs]",
+            (([1, 2, 3],), ([-1],)), (([],), ([0],), ([5, -5],)), lambda r: (_ints(r),)),
+    Problem("absolute", "def absolute(x: int) -> int:",
+            "Return the absolute value of x.", "    return abs(x)",
+            ((-3,), (4,)), ((0,), (-100,), (7,)), lambda r: (r.randint(-99, 99),)),
+]
+PROBLEMS += EASY
