@@ -108,3 +108,25 @@ def test_resume_after_sigkill_continues_at_the_saved_step_with_the_same_next_los
     assert resumed[3] == pytest.approx(whole[3], rel=1e-6, abs=1e-7)
     assert resumed[4] == pytest.approx(whole[4], rel=1e-6, abs=1e-7)
     assert killed[3] == pytest.approx(whole[3], rel=1e-6, abs=1e-7)
+
+
+def test_adapter_folders_are_recorded_relative_to_the_run_dir(tiny_model_dir, tmp_path,
+                                                              monkeypatch):
+    """A run started with a relative --run-dir records folders the eval stage (and a moved
+    run directory) can find: relative to the run directory, not to the working directory."""
+    from pipelines.stages.eval import eval_policies
+
+    monkeypatch.chdir(tmp_path)
+    make_run(Path("runs/r"))
+    cfg = RunConfig.from_dict(config(tiny_model_dir, max_steps=2, batch_size=2,
+                                     policies=["dpo_step"], save_every=1))
+    run(cfg, Path("runs/r"), TRAIN)
+    with Store(Path("runs/r/store.duckdb"), read_only=True) as store:
+        final = store.checkpoint("train", "", "dpo_step/final")["folder"]
+        assert final == "checkpoints/train/dpo_step/final"
+        assert store.checkpoint("train", "", "dpo_step")["folder"].startswith("checkpoints/")
+        moved = tmp_path / "elsewhere"
+        Path("runs/r").rename(moved)
+    with Store(moved / "store.duckdb", read_only=True) as store:
+        folder = eval_policies(store, moved)["dpo_step"]
+    assert (Path(folder) / "adapter_config.json").is_file()

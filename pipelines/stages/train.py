@@ -68,17 +68,25 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
             writer.add_scalar(f"{policy}/{name}", value, step)
 
     def on_checkpoint(step: int, path: Path) -> None:
-        store.set_checkpoint(ctx.stage, ctx.shard, policy, {"step": step, "folder": str(path)})
+        store.set_checkpoint(ctx.stage, ctx.shard, policy,
+                             {"step": step, "folder": _in_run(ctx, path)})
 
     metrics = fit_policy(policy, rows, cfg.model.id, cfg.train, folder, adapter=cfg.model.adapter,
-                         resume=saved["folder"] if saved else None, on_metrics=on_metrics,
+                         resume=str(ctx.run_dir / saved["folder"]) if saved else None,
+                         on_metrics=on_metrics,
                          on_checkpoint=on_checkpoint)
     if writer:
         writer.close()
-    final = {"folder": str(folder / "final"), "step": metrics["step"],
+    final = {"folder": _in_run(ctx, folder / "final"), "step": metrics["step"],
              "items": metrics["items"], "loss": round(metrics["loss"], 4)}
     store.set_checkpoint(ctx.stage, ctx.shard, f"{policy}/final", final)
     return final
+
+
+def _in_run(ctx: StageContext, path: Path) -> str:
+    """A folder as the store records it: relative to the run directory, so a run directory
+    can move (or be read from another working directory) and its records still hold."""
+    return str(path.relative_to(ctx.run_dir))
 
 
 def _tensorboard(folder: Path):
