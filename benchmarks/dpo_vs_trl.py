@@ -1,8 +1,9 @@
 """Our DPO trainer vs trl.DPOTrainer: the same step-level pairs, model, LoRA config and batch size.
 
 Step pairs come from MiniShop states (benchmarks/minishop_pairs.py: the env's real system
-prompt, demonstration and observations). Each trainer runs in a child process
-(so peak memory is its own); the parent prints both and their ratios.
+prompt, demonstration and observations). Each trainer runs in its own child
+process (so peak memory is its own), both at once (so both see the same load on a shared
+machine); the parent prints both and their ratios.
 
 Training tokens/s counts the same tokens for both: the lengths of prompt+chosen and
 prompt+rejected of every pair trained on (our encoding), over the steps after the first.
@@ -176,13 +177,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args)
+    procs = {name: subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--child", name],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in ("ours", "trl")}  # side by side: both see the same machine load
     results = {}
-    for name in ("ours", "trl"):
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--child", name]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    for name, proc in procs.items():
+        out, err = proc.communicate()
+        line = [x for x in out.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not line:
-            sys.exit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            sys.exit(f"{name} failed:\n{out[-3000:]}\n{err[-3000:]}")
         results[name] = json.loads(line[-1][7:])
     print(f"{args.pairs} MiniShop step pairs ({results['ours']['mean_pair_tokens']:.0f} tokens "
           f"per pair: prompt+chosen + prompt+rejected), batch {args.batch_size}, "

@@ -195,7 +195,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         if not path.exists():
             raise FileNotFoundError(f"no store at {path}")
     made = _new_dirs(args.out)
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         with Store(target) as store:
             added = store.merge_from(shards)

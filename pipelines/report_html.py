@@ -8,6 +8,7 @@ JSON holds; every section says so when its part of the run is missing.
 from __future__ import annotations
 
 import io
+import json
 from html import escape
 
 from pipelines.stages.report import COLUMNS, comparison_cells
@@ -36,6 +37,7 @@ def render(report: dict) -> str:
         "<h2>Search</h2>", _search(report["stages"]),
         "<h2>Data</h2>", _data(report["data"]),
         "<h2>Stages</h2>", _stages(report["stages"]),
+        "<h2>Config</h2>", _config(report["config"]),
     ]
     return ("<!doctype html><html><head><meta charset='utf-8'>"
             f"<title>offline-agent report {escape(str(report['run_id']))}</title>"
@@ -141,3 +143,10 @@ def _stages(stages: list[dict]) -> str:
     rows = [[r["stage"] + (f" [{r['shard']}]" if r["shard"] else ""), r["status"],
              "-" if r["seconds"] is None else f"{r['seconds']:.1f}"] for r in stages]
     return _table(["stage", "status", "seconds (last attempt)"], rows)
+
+
+def _config(config: dict | None) -> str:
+    if not config:
+        return _missing("No run config recorded.")
+    text = json.dumps(config, indent=1)
+    return f"<details><summary>the run's resolved config</summary><pre>{escape(text)}</pre></details>"

@@ -124,8 +124,7 @@ def test_status_falls_back_to_progress_while_running(tmp_path, config, capsys):
 
 def shard_run(tmp_path, config, i: int) -> Path:
     run_dir = tmp_path / f"shard{i}"
-    assert main(["run", config, "--run-dir", str(run_dir), "--set", f"search.shard={i}/2",
-                 "--until", "search"]) == 0
+    assert main(["run", config, "--run-dir", str(run_dir), "--set", f"search.shard={i}/2"]) == 0
     return run_dir
 
 

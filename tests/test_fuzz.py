@@ -163,3 +163,23 @@ def test_unexpected_exceptions_become_invalid_steps_logged_once(caplog, monkeypa
     assert first.invalid and "KeyError" in first.observation and env.num_steps == 2
     assert second.invalid
     assert sum("KeyError" in r.getMessage() for r in caplog.records) <= 1
+
+
+def test_a_failing_sandbox_is_raised_not_recorded_as_an_invalid_step(monkeypatch):
+    """Model text never crashes a run, but the env's own machinery failing must not hide as
+    an invalid action: SandboxError (an EnvFailure) goes up to the stage."""
+    import pytest
+
+    from offline_agent.envs import python_tasks
+    from offline_agent.envs.sandbox import SandboxError
+
+    env = python_tasks.PythonTasks()
+    task = env.tasks("train", 1)[0]
+    env.reset(task)
+
+    def broken(*args, **kwargs):
+        raise SandboxError("cannot create the run's cgroup")
+
+    monkeypatch.setattr(python_tasks, "run_cases", broken)
+    with pytest.raises(SandboxError):
+        env.act('run_tests[def f(x):\n    return x]')

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from offline_agent.envs.base import MAX_ARGUMENT_CHARS, ActionError
@@ -119,13 +117,13 @@ def test_code_fence_inside_and_indented_code_are_cleaned():
     assert parse_action(text, PY).arguments["code"] == "import re\ndef f(x):\n    return x + 1"
 
 
-def test_hostile_text_is_handled_quickly():
+def test_hostile_text_is_an_action_error():
+    """Deeply nested or huge text ends as an ActionError (no RecursionError, no hang; how
+    long the scan takes is measured by tests/test_fuzz.py, not asserted on the clock here)."""
     texts = ["{" * 50_000, '{"a": ' * 10_000, "submit[```\n" + " " * 50_000 + "]", "[" * 100_000]
-    start = time.monotonic()
     for text in texts:
         with pytest.raises(ActionError):
             parse_action(text, PY)
-    assert time.monotonic() - start < 1
 
 
 @pytest.mark.parametrize(

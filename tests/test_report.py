@@ -100,6 +100,7 @@ def test_report_files_and_table(run_dir):
     for external in ("<script", "<link", "<img", "src=", "url(http", "href=\"http"):
         assert external not in html  # self-contained: nothing to fetch
     assert "dpo_step" in html and "tasks_solved_by_search" in html
+    assert "&quot;bootstrap&quot;: 500" in html  # the run's config, folded away
     table = comparison_table(report).splitlines()
     assert table[0].split()[:3] == ["policy", "mode", "n"]
     assert table[2].startswith("base ") and "25.0% [" in table[2]
@@ -123,6 +124,7 @@ def test_report_of_partial_runs(tmp_path):
     assert report["policies"] == [] and report["stages"] == []
     html = write_report(tmp_path / "b", report).read_text()
     assert "No evaluation episodes yet" in html and "<svg" not in html
+    assert "No run config recorded" in html
     assert comparison_table(report) == "no evaluation episodes in this run yet"
 
 

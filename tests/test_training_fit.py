@@ -78,7 +78,7 @@ def test_gradient_checkpointing_and_split_forwards_give_the_same_losses(tiny_mod
                           **extra)
         seen = []
         fit_policy("dpo_step", pairs, tiny_model_dir, cfg, tmp_path / name,
-                   on_metrics=lambda step, m: seen.append(m["loss"]))
+                   on_metrics=lambda step, m, seen=seen: seen.append(m["loss"]))
         runs[name] = seen
     assert runs["plain"][0] != runs["plain"][-1]
     assert runs["checkpointed"] == pytest.approx(runs["plain"], rel=1e-5)

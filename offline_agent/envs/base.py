@@ -35,6 +35,11 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+class EnvFailure(RuntimeError):
+    """The env's own machinery failed (e.g. its sandbox cannot run): not the model's fault,
+    so `act` raises it instead of recording an invalid step."""
+
+
 class ActionError(ValueError):
     """Raised by parsers/validators; `act` turns it into an invalid step, never a crash."""
 
@@ -143,6 +148,8 @@ class Env(ABC):
             return call, self.step(call)
         except ActionError as e:
             result = StepResult(observation=f"Invalid action: {e}", invalid=True)
+        except EnvFailure:
+            raise
         except Exception as e:  # noqa: BLE001 - the backstop: model text must not crash a run
             self._log_unexpected(e)
             result = StepResult(

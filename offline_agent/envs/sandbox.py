@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from offline_agent.envs import cgroups
+from offline_agent.envs.base import EnvFailure
 from offline_agent.envs.cgroups import Cgroups
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ SECCOMP_RULES = [
 LAUNCHER = Path(__file__).with_name("sandbox_launcher.py").read_text(encoding="utf-8")
 
 
-class SandboxError(RuntimeError):
+class SandboxError(EnvFailure):
     """The sandbox cannot be set up (safely) here; never raised for what user code does."""
 
 
@@ -218,10 +219,11 @@ def require_isolation(allow_weaker: bool = False, isolation: Isolation | None = 
     iso = isolation or probe_isolation()
     if iso.missing():
         if not allow_weaker:
+            needs = "; ".join(f"{k} (needs {LAYER_NEEDS[k]})" for k in iso.missing())
             raise SandboxError(
-                f"sandbox layers missing here: {', '.join(iso.missing())} "
-                f"(see sandbox_report()); refusing to run untrusted code; set "
-                f"allow_weaker=True (python env kwarg: allow_weaker_sandbox) to run anyway"
+                f"refusing to run untrusted code: this machine lacks sandbox layers: {needs}. "
+                f"To run anyway with less isolation, set allow_weaker=True "
+                f"(python env: env.kwargs.allow_weaker_sandbox: true)"
             )
         _warn_weaker(tuple(iso.missing()))
     return iso
