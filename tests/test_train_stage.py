@@ -59,7 +59,7 @@ def test_train_stage_trains_each_policy_records_checkpoints_and_skips_when_done(
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
         for policy in stats:
             final = store.checkpoint("train", "", f"{policy}/final")
-            assert Path(final["folder"], "adapter_model.safetensors").exists()
+            assert (tmp_path / "r" / final["folder"] / "adapter_model.safetensors").exists()
             assert [r["step"] for r in store.metrics("train", policy)] == list(
                 range(1, final["step"] + 1))
         data = store.metrics("train", "dpo_step_outcome")[0]["data"]
