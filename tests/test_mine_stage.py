@@ -186,22 +186,36 @@ def test_export_loads_with_datasets(mined_run):
     assert "config_name: trajectory_pairs" in card and "| `pairs` | 8 |" in card
 
 
+TRL_SCRIPT = """
+import sys
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+
+export, model, out = sys.argv[1:]
+tok = AutoTokenizer.from_pretrained(model)
+common = dict(max_steps=2, per_device_train_batch_size=2, report_to=[], save_strategy="no",
+              use_cpu=True, logging_steps=1)
+dpo = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(model),
+                 args=DPOConfig(output_dir=out + "/dpo", **common),
+                 train_dataset=load_dataset(export, "pairs", split="train"), processing_class=tok)
+sft = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model),
+                 args=SFTConfig(output_dir=out + "/sft", **common),
+                 train_dataset=load_dataset(export, "rft", split="train"), processing_class=tok)
+print("steps", dpo.train().global_step, sft.train().global_step)
+"""
+
+
 def test_trl_trains_on_the_export_unchanged(mined_run, tiny_model_dir, tmp_path):
-    from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+    """DPOTrainer on `pairs`, SFTTrainer on `rft`, 2 steps each, in a child process: TRL's
+    trainers leave process-wide state behind that changes later trainings' numerics
+    (seen as a non-zero first DPO margin in tests/test_training_fit.py)."""
+    import subprocess
+    import sys
 
     run_dir, _, _ = mined_run
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    common = dict(max_steps=2, per_device_train_batch_size=2, report_to=[], save_strategy="no",
-                  use_cpu=True, logging_steps=1)
-    pairs = load_dataset(str(run_dir / "export"), "pairs", split="train")
-    dpo = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                     args=DPOConfig(output_dir=str(tmp_path / "dpo"), **common),
-                     train_dataset=pairs, processing_class=tok)
-    assert dpo.train().global_step == 2
-    rft = load_dataset(str(run_dir / "export"), "rft", split="train")
-    sft = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                     args=SFTConfig(output_dir=str(tmp_path / "sft"), **common),
-                     train_dataset=rft, processing_class=tok)
-    assert sft.train().global_step == 2
+    proc = subprocess.run([sys.executable, "-c", TRL_SCRIPT, str(run_dir / "export"),
+                           tiny_model_dir, str(tmp_path)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "steps 2 2" in proc.stdout
