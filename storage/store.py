@@ -86,6 +86,15 @@ _ARROW_TYPES = {
 _NOW = "current_localtimestamp()"
 
 
+def _capped(name: str, source: str, group: str, cap: str) -> str:
+    """Two CTEs keeping at most `cap` rows of `source` per `group`: the first of every
+    margin bin, then the second, ... (seeded `key` order inside a bin)."""
+    return (f"{name}_ranked AS (SELECT *, row_number() OVER (PARTITION BY {group}, bin "
+            f"ORDER BY key) AS rank FROM {source}), "
+            f"{name} AS (SELECT * EXCLUDE (rank) FROM {name}_ranked QUALIFY row_number() "
+            f"OVER (PARTITION BY {group} ORDER BY rank, bin, key) <= {cap})")
+
+
 class Store:
     def __init__(self, path: str | Path, read_only: bool = False):
         self.path = Path(path)
@@ -488,18 +497,8 @@ class Store:
                 WHERE NOT c.invalid AND c.q - r.q >= $theta),
             binned AS (
                 SELECT *, {bin_sql} AS bin FROM cand),
-            node_ranked AS (
-                SELECT *, row_number() OVER (PARTITION BY node_id, bin ORDER BY key) AS rank
-                FROM binned),
-            by_node AS (
-                SELECT * EXCLUDE (rank) FROM node_ranked QUALIFY row_number() OVER (
-                    PARTITION BY node_id ORDER BY rank, bin, key) <= $per_node),
-            task_ranked AS (
-                SELECT *, row_number() OVER (PARTITION BY task_id, bin ORDER BY key) AS rank
-                FROM by_node),
-            by_task AS (
-                SELECT * EXCLUDE (rank) FROM task_ranked QUALIFY row_number() OVER (
-                    PARTITION BY task_id ORDER BY rank, bin, key) <= $per_task),
+            {_capped("by_node", "binned", "node_id", "$per_node")},
+            {_capped("by_task", "by_node", "task_id", "$per_task")},
             all_ranked AS (
                 SELECT *, row_number() OVER (PARTITION BY env, bin ORDER BY key) AS rank
                 FROM by_task)
