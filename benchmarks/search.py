@@ -61,12 +61,13 @@ def main() -> None:
     def serve(request):
         if isinstance(request, Sample):
             prompt = sample_prompt(policy, env, request)
-            return [
+            completions = [
                 policy.sample([prompt], 1, Sampling(
                     max_new_tokens=env.max_action_tokens, temperature=t,
-                    stop=env.stop, seed=[sample_seed(request.seed, j)]))[0][0].text
+                    stop=env.stop, seed=[sample_seed(request.seed, j)]))[0][0]
                 for j, t in enumerate(request.temperatures)
             ]
+            return [(c.text, c.action_ids) for c in completions]
         if isinstance(request, Rank):
             return rank_available(policy, env, [request])[0]
         return critic.score([request])[0]

@@ -26,6 +26,14 @@ Decisions, made once here:
 - A token is masked when it starts inside an assistant span. A token that straddles the
   header/content boundary (ChatML header "\\n" merged with content starting with "\\n")
   starts in scaffolding and stays 0: scaffolding is never trained on.
+- An assistant turn that carries the ids the policy generated (`Message.token_ids`, stored by
+  search) is trained on those ids, not on the tokenizer's split of its text: a sampled token
+  sequence need not be that split ("ab" sampled as "a" + "b"). They are used when they decode
+  to exactly the turn's rendered content (else, e.g. ids of another tokenizer, the text is
+  tokenized); the text before such a turn is tokenized up to where the policy's prompt
+  ended, so no token straddles into it. Only turns that are trained on (mask 1) use them; in
+  a multi-turn sequence a trained turn is then context for later turns as its generated ids,
+  where the policy, prompted with the rendered text, saw the tokenizer's split.
 """
 
 from __future__ import annotations
@@ -52,7 +60,8 @@ def history_messages(
     messages = [Message("system", system), *demo, Message("user", user)]
     for step in steps:
         calls = [step.tool_call] if step.tool_call else None
-        messages.append(Message("assistant", step.action, tool_calls=calls))
+        messages.append(Message("assistant", step.action, tool_calls=calls,
+                                token_ids=step.token_ids))
         messages.append(Message("tool", step.observation))
     return messages
 
@@ -159,11 +168,37 @@ def _assistant_spans(tokenizer, dicts: list[dict], first: int) -> tuple[str, lis
     return full, spans
 
 
+def _tokenize(tokenizer, full: str, spans: list[tuple[int, int]],
+              generated: list[list[int] | None]) -> tuple[list[int], list[int]]:
+    """Ids of `full` and the offset where each starts. An assistant turn whose generated ids
+    decode to exactly its rendered content is those ids; the text around such turns is
+    tokenized piece by piece (a piece ends where the policy's prompt ended and starts at an
+    end-of-turn special token, so each is split as the policy saw it). Other turns are text."""
+    ids: list[int] = []
+    starts: list[int] = []
+
+    def text(start: int, end: int) -> None:
+        enc = tokenizer(full[start:end], add_special_tokens=False, return_offsets_mapping=True)
+        ids.extend(enc["input_ids"])
+        starts.extend(start + s for s, _ in enc["offset_mapping"])
+
+    pos = 0
+    for (start, end), action in zip(spans, generated):
+        if action is None or tokenizer.decode(
+                action, clean_up_tokenization_spaces=False) != full[start:end]:
+            continue  # no ids (an env-listed action, an older store) or another tokenizer's
+        text(pos, start)
+        ids.extend(action)
+        starts.extend([start] * len(action))
+        pos = end
+    text(pos, len(full))
+    return ids, starts
+
+
 def _encode(tokenizer, messages: list[Message], first: int) -> tuple[list[int], list[int]]:
     full, spans = _assistant_spans(tokenizer, _template_dicts(tokenizer, messages), first)
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    starts = [start for start, _ in offsets]
+    generated = [m.token_ids for m in messages[first:] if m.role == "assistant"]
+    ids, starts = _tokenize(tokenizer, full, spans, generated)
     mask = [0] * len(ids)
     added = tokenizer.added_tokens_decoder
     k = 0

@@ -59,7 +59,7 @@ def run_episodes(
                 trajs[i].steps.append(Step(
                     action=completion.text, observation=result.observation, tool_call=call,
                     reward=result.reward, done=result.done, invalid=result.invalid,
-                    info=result.info))
+                    info=result.info, token_ids=completion.action_ids))
                 if result.done:
                     trajs[i].reward = result.reward
                     trajs[i].achieved = envs[i].describe_achieved()

@@ -21,6 +21,8 @@ class Message:
     role: str  # "system" | "user" | "assistant" | "tool"
     content: str
     tool_calls: list[ToolCall] | None = None
+    # an assistant turn's ids as the policy generated them (Step.token_ids); training uses them
+    token_ids: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -29,6 +31,8 @@ class Message:
                 {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for c in self.tool_calls
             ]
+        if self.token_ids is not None:
+            d["token_ids"] = self.token_ids
         return d
 
 
@@ -57,6 +61,9 @@ class Step:
     done: bool = False
     invalid: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    # the ids the policy generated for `action`, decoding to exactly it (Completion.action_ids);
+    # None where the policy did not write it (an env-listed action) or the store predates them
+    token_ids: list[int] | None = None
 
 
 SUCCESS = 1.0  # the reward of a solved task

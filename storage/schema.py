@@ -156,5 +156,9 @@ V5 = [
     "ALTER TABLE nodes ADD COLUMN snapshot JSON",
 ]
 
-MIGRATIONS: list[list[str]] = [V1, V2, V3, V4, V5]
+# search: the ids the policy generated for each action (Step.token_ids), so training trains on
+# them and not on the tokenizer's split of the text; NULL for env-listed actions and older rows
+V6 = ["ALTER TABLE nodes ADD COLUMN token_ids JSON"]
+
+MIGRATIONS: list[list[str]] = [V1, V2, V3, V4, V5, V6]
 SCHEMA_VERSION = len(MIGRATIONS)

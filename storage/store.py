@@ -531,7 +531,7 @@ class Store:
         if not tree_ids:
             return []
         return self._select("nodes", """SELECT node_id, tree_id, parent_id, depth, action,
-            tool_call, observation, reward, terminal, invalid, info FROM nodes
+            tool_call, observation, reward, terminal, invalid, info, token_ids FROM nodes
             WHERE tree_id IN (SELECT unnest($ids)) ORDER BY node_id""",
                             {"ids": [int(t) for t in tree_ids]})
 

@@ -331,3 +331,67 @@ def test_messages_from_a_trajectory():
         {"type": "function", "function": {"name": "search", "arguments": {"query": "red shoes"}}}
     ]
     assert "tool_calls" not in dicts[4]
+
+
+# ---- the ids the policy generated --------------------------------------------------------------
+def _char_ids(tok, text: str) -> list[int]:
+    """Ids of `text` one character at a time: they decode to it, but are not the tokenizer's
+    own split (as a sampled "ab" can be "a" + "b")."""
+    ids = [i for ch in text for i in tok(ch, add_special_tokens=False).input_ids]
+    assert tok.decode(ids) == text and ids != tok(text, add_special_tokens=False).input_ids
+    return ids
+
+
+def _text_ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False).input_ids
+
+
+def test_generated_ids_are_the_masked_span(flavor):
+    """Turns with generated ids are trained on exactly them; a turn without (an env-listed
+    action) is its text; the text before a turn is split as the policy's prompt was."""
+    tok = flavor.tokenizer
+    eot = tok.convert_tokens_to_ids(flavor.eot)
+    actions = ['search("red shoes")', 'click("item-3")', "answer(42)"]
+    steps = _steps(actions)
+    steps[0].token_ids, steps[2].token_ids = _char_ids(tok, actions[0]), _char_ids(tok, actions[2])
+    messages = history_messages(SYSTEM, "Buy.", "Hi.", steps)
+    ids, mask = encode_with_mask(tok, messages)
+    runs = _runs(mask)
+    assert [ids[a:b] for a, b in runs] == [steps[0].token_ids + [eot],
+                                           _text_ids(tok, actions[1]) + [eot],
+                                           steps[2].token_ids + [eot]]
+    for (start, _), i in zip(runs[::2], (2, 6)):  # what the policy generated each turn from
+        assert ids[:start][-8:] == _text_ids(tok, render_prompt(tok, messages[:i]))[-8:]
+    # the same turns without ids: the tokenizer's split, the rest of the sequence unchanged
+    plain, plain_mask = encode_with_mask(tok, history_messages(SYSTEM, "Buy.", "Hi.",
+                                                               _steps(actions)))
+    assert [plain[a:b] for a, b in _runs(plain_mask)] == [
+        _text_ids(tok, a) + [eot] for a in actions]
+    assert ids[:runs[0][0]] == _text_ids(tok, render_prompt(tok, messages[:2]))
+
+
+def test_ids_that_do_not_decode_to_the_action_fall_back_to_its_text(flavor):
+    """Ids of another tokenizer (or another text) are never trained on as this action."""
+    tok = flavor.tokenizer
+    steps = _steps(['search("red shoes")', 'click("item-3")'])
+    expected = encode_with_mask(tok, history_messages(SYSTEM, "Buy.", "Hi.", steps))
+    steps[0].token_ids = _char_ids(tok, 'search("blue shoes")')
+    steps[1].token_ids = []
+    assert encode_with_mask(tok, history_messages(SYSTEM, "Buy.", "Hi.", steps)) == expected
+
+
+def test_prompt_turns_are_text_and_the_completion_is_its_generated_ids(flavor):
+    """Step DPO: earlier actions in the prompt are context as the policy saw them (its
+    rendered prompt, tokenized); only the completion's action is its generated ids."""
+    tok = flavor.tokenizer
+    eot = tok.convert_tokens_to_ids(flavor.eot)
+    actions = ['search("a")', 'click("b")']
+    steps = _steps(actions)
+    for step in steps:
+        step.token_ids = _char_ids(tok, step.action)
+    messages = history_messages(SYSTEM, "Buy.", "Hi.", steps)
+    prompt, completion = messages[:4], [messages[4]]
+    ids, mask = encode_prompt_completion(tok, prompt, completion)
+    start = mask.index(1)
+    assert ids[:start] == _text_ids(tok, render_prompt(tok, prompt))
+    assert [ids[a:b] for a, b in _runs(mask)] == [steps[1].token_ids + [eot]]

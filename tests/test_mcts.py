@@ -68,15 +68,25 @@ class ListedCorridor(Corridor):
         return [] if self.state in ("rr", "rl", "lr", "ll") else ["go[left]", "go[right]"]
 
 
+def fake_ids(text: str) -> list[int]:
+    """Stand-in for the ids a policy generated for `text` (one per character)."""
+    return [ord(c) for c in text]
+
+
+def generated(texts: list[str]) -> list[tuple[str, list[int]]]:
+    """A Sample's answer: each action with the ids the policy generated for it."""
+    return [(t, fake_ids(t)) for t in texts]
+
+
 def uniform_policy(request):
     """Random proposals; the critic mildly prefers the first proposal it is shown."""
     if isinstance(request, Sample):
         r = random.Random(request.seed)
         moves = ["go[left]", "go[right]", "jump"]
         if request.n == 1:
-            return [r.choice(moves)]
+            return generated([r.choice(moves)])
         r.shuffle(moves)  # expansions see every move, in a seeded order
-        return (moves + [r.choice(moves) for _ in range(request.n)])[: request.n]
+        return generated((moves + [r.choice(moves) for _ in range(request.n)])[: request.n])
     assert isinstance(request, Critique)
     n = len(request.actions)
     return [1.0 / n] * n
@@ -153,7 +163,8 @@ def test_first_proposal_is_greedy_when_asked():
 def test_children_are_the_first_k_distinct_proposals_valid_first():
     def proposals(request):
         if isinstance(request, Sample):
-            return ["jump", "go[right]", "go[ right ]", "fly", "go[left]", "swim"][: request.n]
+            return generated(["jump", "go[right]", "go[ right ]", "fly", "go[left]",
+                              "swim"][: request.n])
         return [1.0 / len(request.actions)] * len(request.actions)
 
     for k, expected in ((2, ["go[right]", "go[left]"]), (3, ["go[right]", "go[left]", "jump"]),
@@ -166,7 +177,7 @@ def test_listed_actions_take_their_slots_in_the_policys_order():
     def stubborn(prefer):  # proposes only junk; ranks `prefer` highest among listed moves
         def serve(request):
             if isinstance(request, Sample):
-                return ["jump"] * request.n
+                return generated(["jump"] * request.n)
             if isinstance(request, Rank):
                 return [[0.0 if a == prefer else -3.0 for a in request.actions]]
             return [1.0 / len(request.actions)] * len(request.actions)
@@ -190,10 +201,35 @@ def test_listed_actions_take_their_slots_in_the_policys_order():
                     stubborn("go[left]")) == ["go[right]", "go[left]"]
 
 
+def test_nodes_and_rollout_steps_keep_the_ids_the_policy_generated():
+    """Sampled actions carry their generated ids into nodes, paths and rollouts; env-listed
+    actions, which the policy never generated, carry None (training encodes their text)."""
+    def serve(request):
+        if isinstance(request, Sample):
+            return generated(["go[right]", "jump", "go[right]"][: request.n])
+        if isinstance(request, Rank):
+            return [[0.0] * len(request.actions)]
+        return [1.0 / len(request.actions)] * len(request.actions)
+
+    env = ListedCorridor(max_steps=5)
+    tree = Tree.new(env.tasks("train", 1)[0], env)
+    cfg = SearchConfig(simulations=3, k=3, oversample=1, listed=1, max_depth=3, finish=False)
+    results = [drive(simulate(tree, env, cfg), serve) for _ in range(cfg.simulations)]
+    sampled = {"go[right]", "jump"}
+    children = tree.nodes[1:]
+    assert {n.action for n in children} >= {"go[right]", "jump", "go[left]"}
+    for node in children:
+        assert node.token_ids == (fake_ids(node.action) if node.action in sampled else None)
+    steps = [s for r in results for s in r.trajectory.steps]
+    assert any(s.action == "go[left]" for s in steps) and len(steps) > len(results)
+    for step in steps:
+        assert step.token_ids == (fake_ids(step.action) if step.action in sampled else None)
+
+
 def test_listed_actions_let_search_find_what_the_policy_never_samples():
     def left_only(request):
         if isinstance(request, Sample):
-            return ["go[left]"] * request.n
+            return generated(["go[left]"] * request.n)
         if isinstance(request, Rank):
             return [[-1.0] * len(request.actions)]
         return [1.0 / len(request.actions)] * len(request.actions)
@@ -248,7 +284,7 @@ def test_mcts_finds_the_best_first_action():
 def test_duplicates_are_merged_and_critic_scores_stored():
     def fixed(request):
         if isinstance(request, Sample):
-            return ["go[right]", "go[ right ]", "go[left]", "go[right]"][: request.n]
+            return generated(["go[right]", "go[ right ]", "go[left]", "go[right]"][: request.n])
         return [0.8, 0.2]
 
     cfg = SearchConfig(simulations=1, k=4, max_depth=3)
@@ -300,7 +336,7 @@ def test_rollouts_finish_where_the_env_offers_an_ending_the_policy_never_writes(
     def walker(request):  # only ever walks right: never ends an episode itself
         if isinstance(request, Sample):
             rollout_steps.append(request.n == 1)
-            return ["go[right]"] * request.n
+            return generated(["go[right]"] * request.n)
         return [[0.0] * len(request.actions)] * 2
 
     def first_simulation(finish):

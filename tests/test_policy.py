@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from offline_agent.policy import Sampling, load_policy
-from offline_agent.policy.hf import HFPolicy, encode_prompt
+from offline_agent.policy.hf import HFPolicy, encode_prompt, finish
 
 GREEDY = Sampling(max_new_tokens=12, temperature=0)
 
@@ -170,6 +170,31 @@ def test_stop_strings_cut_text_ids_and_logprobs(policy, prompts):
         assert tok.decode(c.token_ids).startswith(c.text)
         assert not tok.decode(c.token_ids[:-1]).startswith(c.text), "token_ids must be minimal"
         assert (tok.decode(c.token_ids) != c.text) == mid_token  # the straddling token is kept
+        # the ids training uses decode to exactly the text: the generated ones where they do
+        assert tok.decode(c.action_ids) == c.text
+        assert c.action_ids[:k - mid_token] == c.token_ids[:k - mid_token]
+        assert (c.action_ids == c.token_ids) == (not mid_token)
+    assert full.action_ids == full.token_ids  # cut by the token budget: all of them
+
+
+def test_action_ids_at_a_stop_inside_a_token_and_at_eos(tokenizer):
+    """SmolLM2 has one token for " \\n", so a stop at "\\n" can begin inside it. The action
+    keeps the whole tokens before it, then the tokenizer's ids of the space; an eos is not
+    part of it."""
+    def enc(text):
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    straddle = enc(" \n")
+    assert len(straddle) == 1
+    ids = enc("click[x]") + straddle + enc("more")
+    c = finish(tokenizer, ids, [-1.0] * len(ids), ["\n"], ended=False)
+    assert c.text == "click[x] " and c.token_ids == enc("click[x]") + straddle
+    assert c.action_ids == enc("click[x]") + enc(" ")
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    sampled = [*enc("b"), *enc("u"), *enc("y")]  # not the tokenizer's split of "buy"
+    assert sampled != enc("buy")
+    c = finish(tokenizer, [*sampled, eos], [-1.0] * 4, ["\n"], ended=True)
+    assert (c.text, c.token_ids, c.action_ids) == ("buy", [*sampled, eos], sampled)
 
 
 def test_generation_stops_once_every_row_hit_a_stop(policy, prompts):

@@ -49,8 +49,10 @@ def _sequential(policy, env, cfg, tree):
     def serve(req):
         if isinstance(req, Sample):
             prompt = sample_prompt(policy, env, req)
-            return [policy.sample([prompt], 1, Sampling(temperature=[t], seed=[sample_seed(req.seed, j)]))
-                    [0][0].text for j, t in enumerate(req.temperatures)]
+            completions = [policy.sample([prompt], 1, Sampling(
+                temperature=[t], seed=[sample_seed(req.seed, j)]))[0][0]
+                for j, t in enumerate(req.temperatures)]
+            return [(c.text, c.action_ids) for c in completions]
         if isinstance(req, Rank):
             return rank_available(policy, env, [req])[0]
         assert isinstance(req, Critique)

@@ -140,6 +140,30 @@ def test_trajectory_logprob_is_sum_over_action_tokens_by_a_plain_loop_over_turns
     assert packed == pytest.approx(total, abs=1e-4)
 
 
+def test_step_pair_trains_on_the_generated_ids_in_the_policys_context(tiny, tokenizer):
+    """An action sampled as ids that are not the tokenizer's split of its text ("click" as
+    one token per letter) is scored on those ids, given the prompt as the policy saw it."""
+    pair = step_pair(1)
+    text = pair["chosen"][0]["content"]
+    generated = [i for ch in text for i in tokenizer(ch, add_special_tokens=False).input_ids]
+    assert generated != tokenizer(text, add_special_tokens=False).input_ids
+    pair["chosen"][0]["token_ids"] = generated
+    earlier = pair["prompt"][2]  # the prompt's actions are context: their text counts
+    earlier["token_ids"] = [i for ch in earlier["content"]
+                            for i in tokenizer(ch, add_special_tokens=False).input_ids]
+    chosen, rejected = encode_pair(tokenizer, pair)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert [t for t, m in zip(chosen.ids, chosen.mask) if m] == generated + [end]
+    context = encode_prompt(tokenizer, render_prompt(tokenizer, messages(pair["prompt"])))
+    assert chosen.ids[:len(context)] == context == rejected.ids[:len(context)]
+    with torch.no_grad():
+        packed = sequence_logps(tiny, pack([chosen]))[0].item()
+        logits = tiny(torch.tensor([context + generated])).logits[0, len(context) - 1:]
+    logps = logits.float().log_softmax(-1)
+    loop = sum(logps[t, token].item() for t, token in enumerate(generated + [end]))
+    assert packed == pytest.approx(loop, abs=1e-4)
+
+
 # ---- gradients ---------------------------------------------------------------------------------
 def final_hidden_grads(model, seqs, loss_of):
     """Gradient of the loss w.r.t. each trie token's final hidden state (what feeds the LM head

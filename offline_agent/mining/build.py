@@ -2,7 +2,8 @@
 
 Every conversation starts as the policy's prompts did (offline_agent.chat.history_messages:
 system prompt, the env's demonstration, instruction + first observation), so a pair's
-prompt is exactly the context its actions were sampled in.
+prompt is exactly the context its actions were sampled in. Actions keep the ids the policy
+generated (`token_ids` on assistant turns), which training uses; exports drop them.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def node_step(row: dict) -> Step:
     call = row["tool_call"]
     return Step(action=row["action"] or "", observation=row["observation"] or "",
                 tool_call=ToolCall(**call) if call else None, reward=row["reward"] or 0.0,
-                done=row["terminal"], invalid=row["invalid"], info=row["info"] or {})
+                done=row["terminal"], invalid=row["invalid"], info=row["info"] or {},
+                token_ids=row["token_ids"])
 
 
 def path_steps(nodes: dict[int, dict], node_id: int) -> tuple[str, list[Step]]:
@@ -51,10 +53,9 @@ def step_pair_messages(ctx: Context, instruction: str, nodes: dict[int, dict], n
     """(prompt, [chosen assistant turn], [rejected assistant turn]) of a step pair."""
     first, steps = path_steps(nodes, node_id)
     prompt = ctx.messages(instruction, first, steps)
-    turn = [to_chat_dicts([Message("assistant", nodes[i]["action"] or "",
-                                   [node_step(nodes[i]).tool_call]
-                                   if nodes[i]["tool_call"] else None)])
-            for i in (chosen_id, rejected_id)]
+    turn = [to_chat_dicts([Message("assistant", s.action, [s.tool_call] if s.tool_call else None,
+                                   s.token_ids)])
+            for s in (node_step(nodes[i]) for i in (chosen_id, rejected_id))]
     return prompt, turn[0], turn[1]
 
 

@@ -42,6 +42,11 @@ class Completion:
     # drawn under a tool-call grammar. `logprobs` are still those of the unconstrained model:
     # what DPO and RFT recompute; an importance ratio (GRPO) would need the masked distribution
     constrained: bool = False
+    # the ids of `text` that training uses for this action: they decode to exactly `text` (no
+    # eos). All of `token_ids` but a final eos, except where the stop string began inside a
+    # token: then the tokens before it plus the tokenizer's ids of the rest of `text`. Set by
+    # `finish` (every backend); None when no ids decode to `text`
+    action_ids: list[int] | None = None
 
     @property
     def logprob(self) -> float:

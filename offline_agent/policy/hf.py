@@ -57,16 +57,32 @@ def finish(tokenizer, ids: list[int], logprobs: list[float], stop: list[str], en
     text is cut before it, and ids/logprobs are cut to the fewest tokens whose decoding starts
     with that text. When the stop string begins inside a token, that token is kept.
     """
-    text = tokenizer.decode(ids[:-1] if ended else ids, clean_up_tokenization_spaces=False)
+    content = ids[:-1] if ended else ids
+    text = tokenizer.decode(content, clean_up_tokenization_spaces=False)
     cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
     if cut < 0:
-        return Completion(text, ids, logprobs, "stop" if ended else "length")
+        return Completion(text, ids, logprobs, "stop" if ended else "length", action_ids=content)
     text = text[:cut]
     k = next(
         k for k in range(len(ids) + 1)
         if tokenizer.decode(ids[:k], clean_up_tokenization_spaces=False).startswith(text)
     )
-    return Completion(text, ids[:k], logprobs[:k], "stop")
+    return Completion(text, ids[:k], logprobs[:k], "stop",
+                      action_ids=exact_ids(tokenizer, ids[:k], text))
+
+
+def exact_ids(tokenizer, ids: list[int], text: str) -> list[int] | None:
+    """Ids that decode to exactly `text`, a prefix of what `ids` decode to: the longest run of
+    whole generated tokens inside `text`, then the tokenizer's own ids of the rest (the part of
+    the token in which a stop string began). None if no such ids exist."""
+    for j in range(len(ids), -1, -1):
+        head = tokenizer.decode(ids[:j], clean_up_tokenization_spaces=False)
+        if text.startswith(head):
+            rest = text[len(head):]
+            out = ids[:j] + (tokenizer(rest, add_special_tokens=False).input_ids if rest else [])
+            if tokenizer.decode(out, clean_up_tokenization_spaces=False) == text:
+                return out
+    return None
 
 
 def row_seed(seed: int, row: int) -> int:

@@ -39,6 +39,7 @@ class Node:
     parent: int | None
     depth: int  # agent steps from the root
     action: str = ""  # raw text the policy wrote to get here ("" at the root)
+    token_ids: list[int] | None = None  # the ids it generated for it (None: env-listed action)
     tool_call: ToolCall | None = None
     observation: str = ""
     reward: float = 0.0  # env reward of this step (the outcome, on terminal steps)
@@ -86,7 +87,8 @@ class Tree:
         """The agent steps that lead from the root to `node`."""
         return [
             Step(action=n.action, observation=n.observation, tool_call=n.tool_call,
-                 reward=n.reward, done=n.terminal, invalid=n.invalid, info=n.info)
+                 reward=n.reward, done=n.terminal, invalid=n.invalid, info=n.info,
+                 token_ids=n.token_ids)
             for n in self.path(node)[1:]
         ]
 
@@ -100,7 +102,8 @@ class Tree:
 # ---- requests a simulation yields to its driver --------------------------------------------
 @dataclass
 class Sample:
-    """Ask the policy for one action per temperature after `steps` (answer: list[str]).
+    """Ask the policy for one action per temperature after `steps` (answer: one
+    (text, generated ids or None) per action).
 
     Action j is drawn at temperatures[j] (0: greedy) with seed `sample_seed(seed, j)`."""
 
@@ -289,8 +292,8 @@ def simulate(
         seen: set[str] = set()
         sampled, listed = [], []
         last = node.depth + 1 >= cfg.max_depth  # children at max depth end there
-        for texts, out in ((proposals, sampled), (available, listed)):
-            for text in texts:
+        for texts, out in ((proposals, sampled), ([(a, None) for a in available], listed)):
+            for text, ids in texts:
                 env.restore(node.snapshot)
                 call, result = env.act(text)
                 key = action_key(text, call)
@@ -298,7 +301,7 @@ def simulate(
                     seen.add(key)
                     snapshot = env.snapshot()
                     ending = None if result.done or last or not cfg.finish else best_ending(env)
-                    out.append((text, call, result, snapshot, ending))
+                    out.append((text, call, result, snapshot, ending, ids))
         if cfg.finish:  # listed actions that end well (or lead to a good ending) come first
             listed.sort(key=lambda c: -(c[2].reward if c[2].done else
                                         -1.0 if c[4] is None else c[4]))
@@ -306,9 +309,9 @@ def simulate(
         invalid = [c for c in sampled if c[2].invalid][:1]
         m = min(cfg.listed, len(listed))
         chosen = valid[:cfg.k - m] + listed[:m] + valid[cfg.k - m:] + listed[m:] + invalid
-        for text, call, result, snapshot, ending in chosen[:cfg.k]:
+        for text, call, result, snapshot, ending, ids in chosen[:cfg.k]:
             child = tree.add_child(
-                node, action=text, tool_call=call, observation=result.observation,
+                node, action=text, token_ids=ids, tool_call=call, observation=result.observation,
                 reward=result.reward, invalid=result.invalid, created_sim=sim, ending=ending,
                 terminal=result.done or last, snapshot=snapshot, info=result.info,
             )
@@ -337,12 +340,12 @@ def simulate(
                 if any(e[0] >= SUCCESS for e in endings):
                     break  # nothing later does better
             seed = seed_for(cfg.seed, task.id, sim, f"rollout/{depth}")
-            (text,) = yield Sample(task, first_obs, steps, [cfg.rollout_temperature], seed,
-                                   env.action_tools())
+            ((text, ids),) = yield Sample(task, first_obs, steps, [cfg.rollout_temperature],
+                                          seed, env.action_tools())
             call, result = env.act(text)
             steps.append(Step(action=text, observation=result.observation, tool_call=call,
                               reward=result.reward, done=result.done, invalid=result.invalid,
-                              info=result.info))
+                              info=result.info, token_ids=ids))
             if result.done:
                 break
         endings.append((steps[-1].reward if steps[-1].done else 0.0, steps, env.snapshot()))

@@ -147,7 +147,7 @@ class Searcher:
                                 tools=[requests[i].tools for i, _ in rows])
             completions = self.policy.sample([prompts[i] for i, _ in rows], 1, sampling)
             for (i, _), (completion,) in zip(rows, completions):
-                answers[i].append(completion.text)
+                answers[i].append((completion.text, completion.action_ids))
         ranks = [i for i, req in enumerate(requests) if isinstance(req, Rank)]
         if ranks:
             rankings = rank_available(self.policy, self.probe, [requests[i] for i in ranks])

@@ -1,6 +1,7 @@
 """Summed masked log-probs of many sequences in one forward, each shared prefix computed once.
 
-Sequences come from `offline_agent.chat` (ids and action mask; no second masking path). A
+Sequences come from `offline_agent.chat` (ids and action mask; no second masking path; an
+action's ids are those the policy generated where the store has them). A
 group of them is packed as a prefix trie flattened into one row: every distinct prefix is one
 token of the row, each token attends exactly to its ancestors (a 4D mask) and sits at its
 depth (position ids). A token's logits are then the same as in a separate forward of any
@@ -38,8 +39,10 @@ class Encoded:
 
 
 def messages(dicts: list[dict]) -> list[Message]:
-    """Chat dicts (TRL conversational format) -> Messages; tool_calls are not rendered."""
-    return [Message(d["role"], d["content"]) for d in dicts]
+    """Chat dicts (TRL conversational format) -> Messages; tool_calls are not rendered. An
+    assistant turn's generated ids (`token_ids`, absent in older stores) come along: the
+    encoding trains on them (offline_agent.chat)."""
+    return [Message(d["role"], d["content"], token_ids=d.get("token_ids")) for d in dicts]
 
 
 def encode_pair(tokenizer, pair: dict) -> tuple[Encoded, Encoded]:

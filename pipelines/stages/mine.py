@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import Counter
+from dataclasses import replace
 
 from offline_agent.envs.base import Env, load_env
 from offline_agent.mining.build import Context, episode_messages, step_pair_messages
@@ -170,7 +171,10 @@ def rft_examples(trajs: list[dict], context: Context, tasks: dict[str, Task],
 
 
 def hindsight_example(source: dict, r: Relabel, context: Context) -> dict:
-    prompt, rest = episode_messages(context, r.task.instruction, r.first_observation, r.steps)
+    """The relabeled episode; its actions keep the ids the policy generated for them."""
+    steps = [replace(s, token_ids=step_from_dict(src).token_ids)
+             for s, src in zip(r.steps, source["steps"])]
+    prompt, rest = episode_messages(context, r.task.instruction, r.first_observation, steps)
     return {"task_id": r.task.id, "env": r.task.env, "kind": "hindsight",
             "instruction": r.task.instruction, "messages": prompt + rest,
             "source_traj": source["traj_id"], "reward": r.reward,

@@ -26,6 +26,7 @@ def node_row(tree_id: int, node: Node) -> dict:
         "parent_id": None if node.parent is None else make_node_id(tree_id, node.parent),
         "depth": node.depth,
         "action": node.action,
+        "token_ids": node.token_ids,
         "tool_call": None if node.tool_call is None else vars(node.tool_call),
         "observation": node.observation,
         "visits": node.visits,
@@ -54,6 +55,7 @@ def tree_from_rows(task: Task, rows: list[dict], simulations_done: int) -> Tree:
         parent = None if r["parent_id"] is None else r["parent_id"] % NODES_PER_TREE
         nodes.append(Node(
             id=local, parent=parent, depth=r["depth"], action=r["action"] or "",
+            token_ids=r["token_ids"],
             tool_call=ToolCall(**r["tool_call"]) if r["tool_call"] else None,
             observation=r["observation"] or "", reward=r["reward"] or 0.0,
             terminal=r["terminal"], invalid=r["invalid"], visits=r["visits"],
