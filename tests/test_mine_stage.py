@@ -39,6 +39,11 @@ def wrong_actions(env, task) -> list[str]:
     return [f"search[{task.data['type']}]", f"click[{pid}]", "buy"]
 
 
+def generated_ids(action: str) -> list[int] | None:
+    """Stand-in for the ids the policy generated for an action (None: the env listed it)."""
+    return None if action.startswith("click[") else [ord(c) for c in action]
+
+
 def play(make_env, task, actions):
     env = make_env()
     env.reset(task)
@@ -46,7 +51,8 @@ def play(make_env, task, actions):
     for a in actions:
         call, r = env.act(a)
         steps.append({"action": a, "observation": r.observation, "tool_call": call and vars(call),
-                      "reward": r.reward, "done": r.done, "invalid": r.invalid, "info": r.info})
+                      "reward": r.reward, "done": r.done, "invalid": r.invalid, "info": r.info,
+                      "token_ids": generated_ids(a)})
         if r.done:
             break
     return steps
@@ -75,6 +81,7 @@ def scripted_search(ctx) -> dict:
             rows.append({"node_id": make_node_id(t, local), "tree_id": t,
                          "parent_id": None if parent is None else make_node_id(t, parent),
                          "depth": 0 if parent is None else 1 + (parent > 0), "action": action,
+                         "token_ids": generated_ids(action) if parent is not None else None,
                          "tool_call": s and s["tool_call"],
                          "observation": s["observation"] if s else root_obs,
                          "visits": visits, "value_sum": value, "critic_score": critic,
@@ -143,6 +150,14 @@ def test_mine_stage_pairs_examples_and_stats(mined_run):
     hindsight = [e for e in examples if e["kind"] == "hindsight"]
     assert all(e["task_id"] != e["info"]["source_task_id"] for e in hindsight)
     assert all(e["messages"][-2]["content"] == "buy" for e in hindsight)
+    # every action the training data holds keeps the ids generated for it, none for listed ones
+    demo = 2 + len(env.demonstration())
+    turns = [m for p in steps + trajs for m in p["chosen"] + p["rejected"]]
+    turns += [m for e in examples for m in e["messages"][demo:]]
+    turns = [m for m in turns if m["role"] == "assistant"]
+    assert {m["content"][:6] for m in turns} == {"search", "click[", "buy", "I woul"}
+    for m in turns:
+        assert m.get("token_ids") == generated_ids(m["content"])
 
 
 def test_rerun_is_a_noop_and_changed_mine_config_needs_force(mined_run, capsys):
@@ -176,6 +191,7 @@ def test_export_loads_with_datasets(mined_run):
                 ds.column_names)
             row = ds[0]
             assert row["chosen"][0]["role"] == "assistant"
+            assert set(row["chosen"][0]) == {"role", "content", "tool_calls"}  # text only
             call = row["chosen"][0]["tool_calls"][0]["function"]
             assert isinstance(json.loads(call["arguments"]), dict)
         else:

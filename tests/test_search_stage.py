@@ -48,13 +48,15 @@ def snapshot(run_dir: Path) -> dict:
             for n in s.load_tree(tid):
                 nodes[n["node_id"]] = (n["parent_id"], n["action"], n["observation"],
                                        n["critic_rank"], n["terminal"], n["snapshot"],
-                                       n["visits"], n["value_sum"])
+                                       n["visits"], n["value_sum"], n["token_ids"])
         trajs = {t["traj_id"]: (t["steps"], t["reward"]) for t in s.trajectories("mcts_rollout")}
         stage = s.stage("search", "0/1")
     return {"trees": trees, "nodes": nodes, "trajs": trajs, "stage": stage}
 
 
 def test_search_stage_stores_trees_and_reruns_as_noop(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
     from pipelines.cli import main
 
     config = write_config(tmp_path, tiny_model_dir, trees=3, sims=3)
@@ -73,6 +75,14 @@ def test_search_stage_stores_trees_and_reruns_as_noop(tmp_path, tiny_model_dir):
             assert all(r["snapshot"] and r["pickled_snapshot"] is None for r in rows)
         greedy = s.trajectories("greedy")
         assert len(greedy) == 3
+        # sampled actions keep the ids the policy generated: they decode to the stored text
+        actions = [(r["action"], r["token_ids"]) for tid in range(3) for r in s.load_tree(tid)]
+        actions += [(st["action"], st["token_ids"]) for t in s.trajectories()
+                    for st in t["steps"]]
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    generated = [(a, ids) for a, ids in actions if ids is not None]
+    assert len(generated) > len(actions) / 2
+    assert all(tok.decode(ids, clean_up_tokenization_spaces=False) == a for a, ids in generated)
     assert main(["run", str(config), "--run-dir", str(tmp_path / "r")]) == 0
     assert snapshot(tmp_path / "r") == snap
 
