@@ -18,6 +18,7 @@ of its text, by design, see Completion.action_ids); `differs`. Env-listed action
 lists MiniShop's clickable actions) were never generated and are counted apart.
 
     nice -n 10 .venv/bin/python benchmarks/token_drift.py --tasks 4 --simulations 3
+    nice -n 10 .venv/bin/python benchmarks/token_drift.py --run-dir RUN_DIR  # a finished run
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def strip(msgs: list[Message]) -> list[Message]:
     return [Message(m.role, m.content) for m in msgs]
 
 
-def node_actions(store: Store, ctx: Context, tok, eos, counts: dict[str, Counter]) -> None:
+def node_actions(store: Store, ctx: Context, tok, eos, lookup,
+                 counts: dict[str, Counter]) -> None:
     """Every searched node: the step-DPO encoding of its action after its history."""
     tasks = {t.id: t for t in store.tasks("train")}
     trees = store.trees()
@@ -117,11 +119,11 @@ def node_actions(store: Store, ctx: Context, tok, eos, counts: dict[str, Counter
             ids, mask = encode_prompt_completion(tok, prompt, [completion])
             start = mask.index(1)
             counts[key][classify(tok, eos, ids[start:start + sum(mask)], step.action,
-                                 RECORDED[(rendered, step.action)])] += 1
+                                 lookup(rendered, step))] += 1
             counts[key]["prompt ids differ"] += ids[:start] != encode_prompt(tok, rendered)
 
 
-def episode_actions(store: Store, ctx: Context, make_env, tok, eos,
+def episode_actions(store: Store, ctx: Context, make_env, tok, eos, lookup,
                     counts: dict[str, Counter]) -> None:
     """Every stored episode (search rollouts, greedy baseline): the outcome-DPO encoding of
     the whole episode after its prompt, one masked run per action."""
@@ -141,36 +143,51 @@ def episode_actions(store: Store, ctx: Context, make_env, tok, eos,
                     continue
                 rendered = render_prompt(tok, full[:i])
                 counts[key][classify(tok, eos, ids[start:end], step.action,
-                                     RECORDED[(rendered, step.action)])] += 1
+                                     lookup(rendered, step))] += 1
                 # later turns: context holds earlier actions as trained (see chat.py)
                 counts[key]["context ids differ"] += ids[:start] != encode_prompt(tok, rendered)
+
+
+def measure(cfg: RunConfig, run_dir: str, tok, eos: set[int], lookup) -> dict[str, Counter]:
+    """Counts per encoding of every generated action the run's store holds."""
+    def make_env():  # a fresh one per episode, as the stages make them
+        return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
+
+    ctx = Context(make_env().system_prompt(), make_env().demonstration())
+    counts: dict[str, Counter] = defaultdict(Counter)
+    with Store(f"{run_dir}/store.duckdb", read_only=True) as store:
+        node_actions(store, ctx, tok, eos, lookup, counts)
+        episode_actions(store, ctx, make_env, tok, eos, lookup, counts)
+    return counts
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=4, help="MiniShop train tasks searched")
     ap.add_argument("--simulations", type=int, default=3)
+    ap.add_argument("--run-dir", help="measure this finished run's store instead (no new run): "
+                    "the generated ids are then the stored ones, sampling was not recorded")
     args = ap.parse_args()
-    policies.load_policy = recording(policies.load_policy)
-    with tempfile.TemporaryDirectory() as run_dir:
-        cfg = RunConfig.load("configs/default.yaml", [
-            f"env.train_tasks={args.tasks}", "env.test_tasks=1",
-            f"search.simulations={args.simulations}", f"search.trees_per_batch={args.tasks}"])
-        run(cfg, run_dir, STAGES, until="search")
-        policy = POLICY[0]
-        tok, eos = policy.tokenizer, set(policy.eos)
+    if args.run_dir:
+        from transformers import AutoTokenizer
 
-        def make_env():  # a fresh one per episode, as the stages make them
-            return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
-
-        ctx = Context(make_env().system_prompt(), make_env().demonstration())
-        counts: dict[str, Counter] = defaultdict(Counter)
-        with Store(f"{run_dir}/store.duckdb", read_only=True) as store:
-            node_actions(store, ctx, tok, eos, counts)
-            episode_actions(store, ctx, make_env, tok, eos, counts)
-    print(f"{sum(map(len, RECORDED.values()))} sampled completions recorded; "
-          f"search on {args.tasks} MiniShop train tasks x {args.simulations} simulations "
-          f"(configs/default.yaml) + greedy baseline, embedded model")
+        cfg = RunConfig.load(f"{args.run_dir}/config.yaml")
+        tok = AutoTokenizer.from_pretrained(policies.resolve_model(cfg.model.id))
+        counts = measure(cfg, args.run_dir, tok, {tok.eos_token_id},
+                         lambda rendered, step: [step.token_ids])
+        print(f"the stored actions of {args.run_dir}, against their stored ids")
+    else:
+        policies.load_policy = recording(policies.load_policy)
+        with tempfile.TemporaryDirectory() as run_dir:
+            cfg = RunConfig.load("configs/default.yaml", [
+                f"env.train_tasks={args.tasks}", "env.test_tasks=1",
+                f"search.simulations={args.simulations}", f"search.trees_per_batch={args.tasks}"])
+            run(cfg, run_dir, STAGES, until="search")
+            counts = measure(cfg, run_dir, POLICY[0].tokenizer, set(POLICY[0].eos),
+                             lambda rendered, step: RECORDED[(rendered, step.action)])
+        print(f"{sum(map(len, RECORDED.values()))} sampled completions recorded; "
+              f"search on {args.tasks} MiniShop train tasks x {args.simulations} simulations "
+              f"(configs/default.yaml) + greedy baseline, embedded model")
     for key, c in counts.items():
         generated = sum(v for k, v in c.items() if k in ("same", "stop inside a token",
                                                          "differs", "not recorded"))

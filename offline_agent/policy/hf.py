@@ -56,6 +56,7 @@ def finish(tokenizer, ids: list[int], logprobs: list[float], stop: list[str], en
     action mask trains that token) but is not decoded into the text. With a stop string, the
     text is cut before it, and ids/logprobs are cut to the fewest tokens whose decoding starts
     with that text. When the stop string begins inside a token, that token is kept.
+    `action_ids` are the ids training uses for the action: they decode to exactly the text.
     """
     content = ids[:-1] if ended else ids
     text = tokenizer.decode(content, clean_up_tokenization_spaces=False)
