@@ -314,13 +314,7 @@ def expand(
     seen: set[str] = set()
     sampled = try_actions(env, node, proposals, seen, last, cfg.finish)
     listed = try_actions(env, node, available, seen, last, cfg.finish)
-    children = [
-        tree.add_child(node, action=c.text, tool_call=c.call, observation=c.result.observation,
-                       reward=c.result.reward, invalid=c.result.invalid, created_sim=sim,
-                       ending=c.ending, terminal=c.result.done or last, snapshot=c.snapshot,
-                       info=c.result.info)
-        for c in choose_children(sampled, listed, cfg)
-    ]
+    children = add_children(tree, node, choose_children(sampled, listed, cfg), sim, last)
     yield from critique(tree, children, history, use_critic)
     return [child.id for child in children]
 
@@ -369,6 +363,18 @@ def choose_children(sampled: list[Candidate], listed: list[Candidate],
     invalid = [c for c in sampled if c.result.invalid][:1]
     m = min(cfg.listed, len(listed))
     return (valid[:cfg.k - m] + listed[:m] + valid[cfg.k - m:] + listed[m:] + invalid)[:cfg.k]
+
+
+def add_children(tree: Tree, node: Node, chosen: list[Candidate], sim: int,
+                 last: bool) -> list[Node]:
+    """The chosen candidates as children of `node`; at max depth (`last`) they end there."""
+    return [
+        tree.add_child(node, action=c.text, tool_call=c.call, observation=c.result.observation,
+                       reward=c.result.reward, invalid=c.result.invalid, created_sim=sim,
+                       ending=c.ending, terminal=c.result.done or last, snapshot=c.snapshot,
+                       info=c.result.info)
+        for c in chosen
+    ]
 
 
 def critique(tree: Tree, children: list[Node], history: list[Step],
