@@ -85,7 +85,7 @@ def test_export_out_writes_a_folder_and_refuses_a_non_empty_one(mined_run, tmp_p
 def test_export_before_mining_is_a_clear_error(tmp_path, capsys):
     from pipelines.runner import run
     from pipelines.stages import STAGES
-    from tests.test_runner import fake_cfg
+    from tests.fakes import fake_cfg
 
     run(fake_cfg(), tmp_path / "r", STAGES, until="tasks")
     assert main(["export", str(tmp_path / "r"), "--out", str(tmp_path / "o")]) == 2

@@ -11,7 +11,7 @@ from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
 from offline_agent.search.mcts import Critique, Rank, Sample, Tree, drive, sample_seed, simulate
 from offline_agent.search.searcher import Searcher, rank_available, sample_prompt
-from tests.test_mcts import Corridor, ListedCorridor
+from tests.fakes import Corridor, ListedCorridor
 
 ACTIONS = ["go[left]", "go[right]", "jump", "go[right]"]
 
