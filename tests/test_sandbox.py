@@ -58,7 +58,9 @@ def _pids_with_env(token: str) -> list[int]:
     return found
 
 
-def _wait_gone(probe, deadline_s: float = 3.0) -> list:
+def _wait_gone(probe, deadline_s: float = 60.0) -> list:
+    """Polls until nothing is left; the deadline only bounds a failing test (generous: a
+    busy machine reaps slowly, and a passing test returns as soon as all are gone)."""
     end = time.monotonic() + deadline_s
     while (left := probe()) and time.monotonic() < end:
         time.sleep(0.05)
@@ -273,10 +275,32 @@ def test_no_network_without_namespaces_via_blocked_socket_module(listener):
     assert _nothing_accepted(listener)
 
 
-def test_parent_is_unaffected():
-    before = os.getcwd(), dict(os.environ)
-    assert run("import os\nos.chdir('/')\nos.environ['X'] = '1'\nprint(6 * 7)").stdout == "42\n"
-    assert (os.getcwd(), dict(os.environ)) == before
+def _kill_code(pid: int) -> str:
+    return (
+        "import os, signal\n"
+        "try:\n"
+        f"    os.kill({pid}, signal.SIGKILL)\n"
+        "    print('killed')\n"
+        "except OSError as e:\n"
+        "    print('blocked', type(e).__name__)\n"
+    )
+
+
+@needs("drop_uid")
+def test_the_callers_processes_cannot_be_signalled(iso):
+    """Hostile code cannot kill the caller's processes (another pid namespace, or another
+    uid); the control, same uid and no namespaces, does kill one."""
+    victims = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        r = run(_kill_code(victims[0].pid), iso=iso)
+        assert r.stdout.split()[0] == "blocked" and victims[0].poll() is None, r
+        same_uid = dataclasses.replace(MODES["no-namespaces"], drop_uid=False)
+        control = run(_kill_code(victims[1].pid), iso=same_uid)
+        assert control.stdout == "killed\n" and victims[1].wait(timeout=30) == -9, control
+    finally:
+        for v in victims:
+            v.kill()
+            v.wait()
 
 
 # ---- escapes found by a hostile-model review (issue 12): each blocked, each with a control
