@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.stages.search import CRASH_AFTER_COMMITS
+from pipelines.stages.search import KILL_AFTER
 from storage import Store
 
 CONFIG = """\
@@ -38,14 +38,14 @@ def run_search(config: Path, run_dir: Path) -> int:
     return main(["run", str(config), "--run-dir", str(run_dir), "--until", "search"])
 
 
-def launch(config: Path, run_dir: Path, crash_after_commits: int) -> subprocess.Popen:
+def launch(config: Path, run_dir: Path, kill_after_commits: int) -> subprocess.Popen:
     """`offline-agent run` in a child process that kills itself after that many commits."""
     return subprocess.Popen(
         [sys.executable, "-m", "pipelines.cli", "run", str(config), "--run-dir", str(run_dir),
          "--until", "search"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         cwd=Path(__file__).parents[1],
-        env={**os.environ, CRASH_AFTER_COMMITS: str(crash_after_commits)},
+        env={**os.environ, KILL_AFTER: str(kill_after_commits)},
     )
 
 
@@ -96,7 +96,7 @@ def test_sigkill_mid_search_then_resume_matches_uninterrupted(tmp_path, tiny_mod
     config = write_config(tmp_path, tiny_model_dir, trees, sims, prefix_cache_gb)
     killed_dir, clean_dir = tmp_path / "killed", tmp_path / "clean"
 
-    proc = launch(config, killed_dir, crash_after_commits=2)
+    proc = launch(config, killed_dir, kill_after_commits=2)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, out
 

@@ -22,7 +22,7 @@ from storage import NODES_PER_TREE, Store, make_node_id
 TRAJS_PER_TREE = 1 << 20  # trajectory ids are tree_id * TRAJS_PER_TREE + simulation
 # Crash tests: the process SIGKILLs itself right after this many commits, so a test kills a
 # real run at a known point instead of racing a clock (unset or 0: never).
-CRASH_AFTER_COMMITS = "OFFLINE_AGENT_CRASH_AFTER_COMMITS"
+KILL_AFTER = "OFFLINE_AGENT_SEARCH_KILL_AFTER_COMMIT"
 
 
 def node_row(tree_id: int, node: Node) -> dict:
@@ -78,7 +78,7 @@ class TreeWriter:
     def __init__(self, store: Store, stage: str, tree_ids: dict[str, int], simulations: int):
         self.store, self.stage, self.tree_ids, self.simulations = store, stage, tree_ids, simulations
         self.best: dict[str, float] = {}
-        self.commits, self.crash_after = 0, int(os.environ.get(CRASH_AFTER_COMMITS) or 0)
+        self.commits, self.kill_after = 0, int(os.environ.get(KILL_AFTER, "0"))
 
     def create(self, trees: list[Tree]) -> None:
         """Store new trees with their root nodes."""
@@ -116,7 +116,7 @@ class TreeWriter:
             self.store.insert_trajectories(trajectories, self.stage)
             self.store.upsert_trees([self._tree_row(t) for t in trees.values()], self.stage)
         self.commits += 1
-        if self.commits == self.crash_after:
+        if self.commits == self.kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _tree_row(self, tree: Tree) -> dict:
