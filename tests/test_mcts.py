@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from offline_agent.envs.base import ActionError, Env, StepResult
+from offline_agent.envs.base import StepResult
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.mcts import (
     Critique,
@@ -27,44 +27,7 @@ from offline_agent.search.mcts import (
     ucb1,
 )
 from offline_agent.types import Task, ToolCall
-
-
-class Corridor(Env):
-    """Two moves, left or right. Only right-right pays 1; right-left pays 0.25; left pays 0."""
-
-    name = "corridor"
-    tools = [{"type": "function", "function": {
-        "name": "go", "parameters": {"type": "object", "properties": {
-            "direction": {"type": "string"}}, "required": ["direction"]}}}]
-
-    def tasks(self, split, n):
-        return [Task(id=f"corridor-{i}", env="corridor", instruction="reach the end") for i in range(n)]
-
-    def system_prompt(self):
-        return "go[left] or go[right]"
-
-    def _reset(self, task):
-        self.state = ""
-        return "start"
-
-    def _execute(self, call: ToolCall) -> StepResult:
-        d = call.arguments["direction"]
-        if d not in ("left", "right"):
-            raise ActionError("direction must be left or right")
-        self.state += d[0]
-        if len(self.state) < 2:
-            return StepResult(observation=f"at {self.state}")
-        reward = {"rr": 1.0, "rl": 0.25}.get(self.state, 0.0)
-        return StepResult(observation="end", reward=reward, done=True)
-
-
-class ListedCorridor(Corridor):
-    """Corridor that lists its moves, as a web page lists its links."""
-
-    name = "listed-corridor"
-
-    def available_actions(self):
-        return [] if self.state in ("rr", "rl", "lr", "ll") else ["go[left]", "go[right]"]
+from tests.fakes import Corridor, ListedCorridor
 
 
 def uniform_policy(request):

@@ -12,7 +12,7 @@ from offline_agent.search.critic import Critic
 from offline_agent.search.mcts import Critique, Rank, Sample, Tree, drive, simulate
 from offline_agent.search.searcher import Searcher, rank_available, sample_prompt
 from offline_agent.seeding import stable_seed
-from tests.test_mcts import Corridor, ListedCorridor
+from tests.fakes import Corridor, ListedCorridor
 
 ACTIONS = ["go[left]", "go[right]", "jump", "go[right]"]
 
