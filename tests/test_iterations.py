@@ -12,7 +12,7 @@ import pytest
 
 from pipelines.config import RunConfig
 from pipelines.runner import run
-from pipelines.stages import pipeline
+from pipelines.stages import STAGES, pipeline
 from pipelines.stages.search import TREES_PER_ROUND
 from storage import Store
 
@@ -154,3 +154,37 @@ def test_every_round_is_evaluated_and_reported_and_a_rerun_is_a_no_op(two_rounds
     assert [p["policy"] for p in report["policies"]] == ["base", "dpo_step", "dpo_step@2"]
     assert set(report["training"]) == {"dpo_step", "dpo_step@2"}
     assert {s: r["status"] for s, r in again.items()} == {s: "skipped" for s in resumed}
+
+
+def test_round_names_and_the_stage_list():
+    from pipelines.stages.rounds import round_name, round_of
+
+    assert [round_name("search", k) for k in (1, 2, 12)] == ["search", "search@2", "search@12"]
+    assert [round_of(n) for n in ("train", "train@2", "dpo_step@12", "a@b")] == [1, 2, 12, 1]
+    assert pipeline(1) == STAGES  # one round: the pipeline as it always was
+    names = [s.name for s in pipeline(3)]
+    assert names[names.index("eval"):] == ["eval", "search@2", "mine@2", "train@2", "eval@2",
+                                           "search@3", "mine@3", "train@3", "eval@3", "report"]
+    assert {s.shard(RunConfig()) for s in pipeline(3) if "@" in s.name} == {""}
+
+
+def test_train_iterate_must_be_a_trained_policy():
+    from pipelines.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.iterate must be one of"):
+        RunConfig.from_dict({"train": {"policies": ["rft"], "iterate": "dpo_step"}})
+    assert RunConfig.from_dict({"train": {"iterate": "rft"}}).train.iterate == "rft"
+
+
+def test_a_round_without_the_iterate_policy_stops_with_its_name(tmp_path):
+    from pipelines.progress import Progress
+    from pipelines.runner import RunError, StageContext
+    from pipelines.stages.rounds import make_iterate
+
+    cfg = RunConfig.from_dict({"train": {"policies": ["rft", "dpo_step"]}})
+    with Store(tmp_path / "store.duckdb") as store:
+        store.set_checkpoint("train", "", "rft/final", {"folder": "checkpoints/train/rft/final"})
+        ctx = StageContext(cfg, tmp_path, store, Progress(tmp_path), "search@2", "")
+        with pytest.raises(RunError, match="round 1's 'dpo_step' policy.*has not trained"):
+            make_iterate(ctx)
+        assert store.checkpoint("search@2", "", "iterate") is None
