@@ -53,8 +53,9 @@ def parser() -> argparse.ArgumentParser:
         "run",
         help="run the pipeline (resumes; finished stages are skipped)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=f"Run the stages in order: {stage_names}. Re-running the same command "
-        "resumes; finished stages are skipped.",
+        description=f"Run the stages in order: {stage_names}. With run.iterations = N, "
+        "rounds 2..N (search@k, mine@k, train@k, eval@k) run before report. Re-running the "
+        "same command resumes; finished stages are skipped.",
         epilog="config keys (defaults < CONFIG < --set):\n" + "\n".join(help_lines()),
     )
     r.add_argument("config", type=Path, metavar="CONFIG", help="YAML config, e.g. configs/default.yaml")
@@ -131,12 +132,13 @@ def parser() -> argparse.ArgumentParser:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.runner import run
-    from pipelines.stages import STAGES
+    from pipelines.stages import pipeline
 
     cfg = RunConfig.load(args.config, args.overrides)
     run_dir = args.run_dir or Path("runs") / f"{cfg.run.name}-{datetime.now():%Y%m%d-%H%M%S}"
     try:
-        run(cfg, run_dir, STAGES, until=args.until, only=args.only, force=args.force)
+        run(cfg, run_dir, pipeline(cfg.run.iterations), until=args.until, only=args.only,
+            force=args.force)
     except KeyboardInterrupt:
         print(f"\ninterrupted; rerun the same command to resume.\nrun directory: {run_dir}",
               file=sys.stderr)

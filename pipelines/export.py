@@ -70,10 +70,11 @@ def openai_messages(messages: list[dict]) -> list[dict]:
 
 
 def config_rows(store: Store, tools: str, include_hindsight_in_rft: bool) -> dict[str, list]:
-    """Every config's rows, from the store's pairs and examples tables."""
+    """Every config's rows, from the pairs and examples round 1's `mine` stage stored (later
+    rounds of run.iterations keep theirs in the store, as mine@k)."""
     run_id = store.run_id
     rows: dict[str, list] = {c: [] for c in CONFIGS}
-    for p in store.pairs():
+    for p in store.pairs(stage="mine"):
         row = {"prompt": openai_messages(p["prompt"]), "chosen": openai_messages(p["chosen"]),
                "rejected": openai_messages(p["rejected"]), "tools": tools, "run_id": run_id,
                "task_id": p["task_id"], "env": p["env"], "kind": p["kind"],
@@ -84,7 +85,7 @@ def config_rows(store: Store, tools: str, include_hindsight_in_rft: bool) -> dic
         else:
             rows["trajectory_pairs"].append({**row, "chosen_traj": p["chosen_ref"],
                                              "rejected_traj": p["rejected_ref"]})
-    for e in store.examples():
+    for e in store.examples(stage="mine"):
         row = {"messages": openai_messages(e["messages"]), "tools": tools, "run_id": run_id,
                "task_id": e["task_id"], "env": e["env"], "instruction": e["instruction"],
                "source_traj": e["source_traj"]}

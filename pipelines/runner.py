@@ -7,7 +7,9 @@ it stored. Stored results made under a different config are never mixed with new
 the runner refuses, or with `force` clears them first.
 
 A stage lists every section its results depend on, upstream ones included (search lists
-env and model too), so a change invalidates exactly the stages it affects.
+env and model too), so a change invalidates exactly the stages it affects. A stage that lists
+none (the report) only reads what earlier stages stored: it runs again whenever an earlier
+stage ran in this invocation (e.g. a round added by raising run.iterations).
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def run(
         os.replace(tmp, run_dir / "config.yaml")
         store.record_run(cfg.to_dict())
         progress = Progress(run_dir)
-        results, sharded = {}, False
+        results, sharded, ran = {}, False, False
         for s in todo:
             sharded = sharded or s.shard(cfg) not in ("", "0/1")
             if sharded and s.shard(cfg) == "":
@@ -106,20 +108,24 @@ def run(
                       "(merge the shards, then run on the merged directory)", flush=True)
                 results[s.name] = {"status": "held"}
                 continue
-            results[s.name] = _run_stage(s, cfg, run_dir, store, progress)
+            results[s.name] = _run_stage(s, cfg, run_dir, store, progress,
+                                         redo=ran and not s.sections)
+            ran = ran or results[s.name]["status"] == "done"
         progress.status("finished")
     return results
 
 
-def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progress: Progress):
+def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progress: Progress,
+               redo: bool = False):
     shard = stage.shard(cfg)
     label = stage.name + (f" [shard {shard}]" if shard else "")
     row = store.stage(stage.name, shard)
-    if row and row["status"] == "done":
+    if row and row["status"] == "done" and not redo:
         print(f"stage {label}: already done (finished {row['finished_at']:%Y-%m-%d %H:%M:%S}), "
               f"skipping; stats: {row['stats']}", flush=True)
         return {"status": "skipped", "stats": row["stats"]}
-    verb = f"resuming after a {row['status']} attempt" if row else "running"
+    verb = ("running again: stages before it ran" if redo and row
+            else f"resuming after a {row['status']} attempt" if row else "running")
     print(f"stage {label}: {verb}", flush=True)
     store.start_stage(stage.name, shard, cfg.hash(stage.sections), cfg.hashed(stage.sections))
     progress.start(stage.name, shard)

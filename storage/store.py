@@ -95,6 +95,13 @@ def _capped(name: str, source: str, group: str, cap: str) -> str:
             f"OVER (PARTITION BY {group} ORDER BY rank, bin, key) <= {cap})")
 
 
+def _where(**equal: Any) -> tuple[str, list]:
+    """`WHERE a = ? AND b = ?` over the given columns whose value is not None, and its params."""
+    used = [(c, v) for c, v in equal.items() if v is not None]
+    sql = " AND ".join(f"{c} = ?" for c, _ in used)
+    return (f"WHERE {sql}" if used else "WHERE true"), [v for _, v in used]
+
+
 class Store:
     def __init__(self, path: str | Path, read_only: bool = False):
         self.path = Path(path)
@@ -402,8 +409,10 @@ class Store:
         sets = ", ".join([f"{c} = excluded.{c}" for c in updates] + [f"updated_at = {_NOW}"])
         self._insert("trees", rows, f"ON CONFLICT (tree_id) DO UPDATE SET {sets}", stage=stage)
 
-    def trees(self) -> list[dict]:
-        return self._select("trees", "SELECT * FROM trees ORDER BY tree_id")
+    def trees(self, stage: str | None = None) -> list[dict]:
+        """Trees in id order; only those `stage` searched when given (e.g. one round's)."""
+        where, params = ("WHERE stage = ?", [stage]) if stage else ("", [])
+        return self._select("trees", f"SELECT * FROM trees {where} ORDER BY tree_id", params)
 
     def insert_nodes(self, rows: Sequence[dict]) -> None:
         """Bulk insert; ids come from make_node_id, so a duplicate is a bug and raises."""
@@ -439,8 +448,9 @@ class Store:
     def insert_trajectories(self, rows: Sequence[dict], stage: str) -> None:
         self._insert("trajectories", rows, stage=stage)
 
-    def trajectories(self, source: str | None = None) -> list[dict]:
-        where, params = ("WHERE source = ?", [source]) if source else ("", [])
+    def trajectories(self, source: str | None = None, stage: str | None = None) -> list[dict]:
+        """Episodes in id order, of one source and one stage when given."""
+        where, params = _where(source=source, stage=stage)
         return self._select(
             "trajectories", f"SELECT * FROM trajectories {where} ORDER BY traj_id", params
         )
@@ -450,10 +460,11 @@ class Store:
         rows = self._sql("SELECT DISTINCT task_id FROM trajectories WHERE source = ?", [source])
         return {r[0] for r in rows}
 
-    def solved_tasks(self, source: str) -> set[str]:
-        """Ids of tasks with at least one successful trajectory from `source`."""
-        rows = self._sql("SELECT DISTINCT task_id FROM trajectories WHERE source = ? AND success",
-                         [source])
+    def solved_tasks(self, source: str, stage: str | None = None) -> set[str]:
+        """Ids of tasks with at least one successful trajectory from `source` (and `stage`)."""
+        where, params = _where(source=source, stage=stage)
+        rows = self._sql(f"SELECT DISTINCT task_id FROM trajectories {where} AND success",
+                         params)
         return {r[0] for r in rows}
 
     def insert_pairs(self, rows: Sequence[dict], stage: str) -> None:
@@ -461,8 +472,9 @@ class Store:
 
     def step_pairs(self, alpha: float, theta: float, min_visits: int, invalid_rejected: bool,
                    per_node: int, per_task: int, total: int, edges: Sequence[float],
-                   seed: int) -> tuple[list[dict], dict[str, int]]:
-        """Step-level pairs of every stored tree, mined and balanced in one SQL pass.
+                   seed: int, stage: str | None = None) -> tuple[list[dict], dict[str, int]]:
+        """Step-level pairs of every stored tree (those `stage` searched, when given), mined
+        and balanced in one SQL pass.
 
         The rules are offline_agent.mining.pairs.step_pairs (the oracle, in Python): sibling
         Q = alpha*Q_mcts + (1-alpha)*critic, pairs with Q_w - Q_l >= theta, then caps per node,
@@ -472,7 +484,7 @@ class Store:
         bin_sql = " + ".join(f"(margin >= {float(e)!r})::INTEGER" for e in edges) or "0"
         p = {"alpha": alpha, "theta": theta, "min_visits": min_visits, "seed": str(seed),
              "invalid": invalid_rejected, "per_node": per_node, "per_task": per_task,
-             "total": total or (1 << 62)}
+             "total": total or (1 << 62), "stage": stage}
         self._sql(f"""CREATE OR REPLACE TEMP TABLE _step_pairs AS
             WITH kids AS (
                 SELECT n.node_id, n.parent_id, n.invalid, tk.task_id, tk.env,
@@ -483,7 +495,7 @@ class Store:
                     coalesce(n.critic_score,
                              1.0 / count(*) OVER (PARTITION BY n.parent_id)) AS q_critic
                 FROM nodes n JOIN trees t USING (tree_id) JOIN tasks tk USING (task_id)
-                WHERE n.parent_id IS NOT NULL),
+                WHERE n.parent_id IS NOT NULL AND ($stage IS NULL OR t.stage = $stage)),
             valued AS (
                 SELECT *, $alpha * q_mcts + (1 - $alpha) * q_critic AS q FROM kids
                 WHERE counted AND ($invalid OR NOT invalid)),
@@ -535,18 +547,21 @@ class Store:
             WHERE tree_id IN (SELECT unnest($ids)) ORDER BY node_id""",
                             {"ids": [int(t) for t in tree_ids]})
 
-    def pairs(self, kind: str | None = None) -> list[dict]:
-        """Mined pairs (kind "step" | "trajectory"; all when None), in id order."""
-        where, params = ("WHERE kind = ?", [kind]) if kind else ("", [])
+    def pairs(self, kind: str | None = None, stage: str | None = None) -> list[dict]:
+        """Mined pairs (kind "step" | "trajectory"; of one mine stage), all when None, id order."""
+        where, params = _where(kind=kind, stage=stage)
         return self._select("pairs", f"SELECT * FROM pairs {where} ORDER BY pair_id", params)
 
     def insert_examples(self, rows: Sequence[dict], stage: str) -> None:
         self._insert("examples", rows, stage=stage)
 
-    def examples(self, kinds: Sequence[str] = ("rft", "hindsight")) -> list[dict]:
-        """SFT examples of the given kinds (rft: successes; hindsight: relabeled), id order."""
+    def examples(self, kinds: Sequence[str] = ("rft", "hindsight"),
+                 stage: str | None = None) -> list[dict]:
+        """SFT examples of the given kinds (rft: successes; hindsight: relabeled) written by
+        `stage` (any when None), id order."""
         return self._select("examples", "SELECT * FROM examples WHERE kind IN "
-                            "(SELECT unnest($kinds)) ORDER BY example_id", {"kinds": list(kinds)})
+                            "(SELECT unnest($kinds)) AND ($stage IS NULL OR stage = $stage) "
+                            "ORDER BY example_id", {"kinds": list(kinds), "stage": stage})
 
     def counts(self) -> dict[str, int]:
         """Rows per table (meta excluded)."""

@@ -19,6 +19,9 @@ class TrainConfig:
         metadata={"help": "policies to train: rft (masked SFT on the RFT set), dpo_outcome "
                           "(trajectory pairs), dpo_step (Agent Q step pairs), dpo_step_outcome "
                           "(step and trajectory pairs together)"})
+    iterate: str | None = _f(None, "with run.iterations > 1: the policy whose final adapter the "
+                                   "next round searches with and trains on top of; null: the "
+                                   "last of train.policies")
     loss: str = _f("sigmoid", "DPO loss: sigmoid (DPO), ipo, or rpo (DPO + rpo_alpha * NLL of "
                               "the chosen actions)")
     beta: float = _f(0.1, "DPO temperature: how far the policy may move from the reference")
@@ -57,6 +60,9 @@ class TrainConfig:
         for p in self.policies:
             if p not in POLICIES:
                 raise ValueError(f"train.policies: unknown policy {p!r}; known: {', '.join(POLICIES)}")
+        if self.iterate is not None and self.iterate not in self.policies:
+            raise ValueError(f"train.iterate must be one of train.policies {self.policies}, "
+                             f"got {self.iterate!r}")
         if len(set(self.policies)) != len(self.policies):
             raise ValueError(f"train.policies lists a policy twice: {self.policies}")
         checks = {"loss": (self.loss, LOSSES), "quantization": (self.quantization, ("none", "4bit")),

@@ -41,6 +41,6 @@ def fit_policy(policy: str, rows: list[dict], model_id: str, cfg: TrainConfig, f
     metrics = train(model, objective, cfg, folder, accelerator, resume=resume,
                     on_metrics=on_metrics, on_checkpoint=on_checkpoint)
     if cfg.merge and accelerator.is_main_process:
-        write_merged(model_id, str(folder / "final"), str(folder / "merged"), cfg)
+        write_merged(model_id, str(folder / "final"), str(folder / "merged"), cfg, adapter)
     return {**metrics, "items": len(items),
             "action_tokens": sum(s.action_tokens for seqs in items for s in seqs)}

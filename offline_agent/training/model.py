@@ -65,13 +65,15 @@ def add_lora(model, cfg: TrainConfig):
     return get_peft_model(model, lora)
 
 
-def write_merged(model_id: str, adapter: str, out: str, cfg: TrainConfig) -> None:
+def write_merged(model_id: str, adapter: str, out: str, cfg: TrainConfig,
+                 base_adapter: str | None = None) -> None:
     """A full model with the adapter merged in, from a fresh full-precision base (also after
-    QLoRA, whose base weights are 4-bit), with the tokenizer."""
+    QLoRA, whose base weights are 4-bit), with the tokenizer. `base_adapter`: the previous
+    policy the adapter was trained on top of (fit_policy's `adapter`), merged in first."""
     from peft import PeftModel
 
     plain = TrainConfig(**{**vars(cfg), "quantization": "none"})
-    base, tokenizer = load_base(model_id, plain, "cpu")
+    base, tokenizer = load_base(model_id, plain, "cpu", base_adapter)
     merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
     merged.save_pretrained(out)
     tokenizer.save_pretrained(out)

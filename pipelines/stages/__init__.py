@@ -1,4 +1,6 @@
 """The pipeline, in order. Each stage: (name, config sections its results depend on, function).
+With run.iterations = N, rounds 2..N (search@k, mine@k, train@k, eval@k) follow round 1's
+eval; the report comes last (pipelines/stages/rounds.py).
 
 Stage modules import heavy libraries (torch, transformers) inside their functions, so that
 `offline-agent status` and `--help` stay fast.
@@ -10,6 +12,7 @@ from pipelines.stages.eval import run_eval
 from pipelines.stages.export import run_export
 from pipelines.stages.mine import run_mine
 from pipelines.stages.report import run_report
+from pipelines.stages.rounds import round_name
 from pipelines.stages.search import run_search
 from pipelines.stages.tasks import run_tasks
 from pipelines.stages.train import run_train
@@ -31,3 +34,16 @@ STAGES: list[Stage] = [
     # Reads only what earlier stages stored; `offline-agent report RUN_DIR` re-renders it.
     Stage("report", (), run_report),
 ]
+
+# Round k >= 2 searches with the policy round k-1 trained: its stages depend on every section
+# that made it. They are never sharded (a shard run holds them; run them on the merged run).
+ROUND = [("search", run_search), ("mine", run_mine), ("train", run_train), ("eval", run_eval)]
+ROUND_SECTIONS = ("run", "env", "model", "search", "mine", "train")
+
+
+def pipeline(iterations: int) -> list[Stage]:
+    """STAGES with rounds 2..iterations inserted before the report."""
+    rounds = [Stage(round_name(name, k), ROUND_SECTIONS + (("eval",) if name == "eval" else ()),
+                    fn)
+              for k in range(2, iterations + 1) for name, fn in ROUND]
+    return STAGES[:-1] + rounds + STAGES[-1:]

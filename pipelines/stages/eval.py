@@ -5,6 +5,8 @@ Trained policies are found in the store (checkpoints `train/<policy>/final`, wri
 the adapter folder is complete), so the stage needs no list of them. Each episode is
 committed as it ends; a resumed stage skips the (policy, mode, task) rows it already has.
 The statistics are left to the report, which recomputes them from the rows.
+Round k >= 2's stage (eval@k) plays the policies train@k finished (named `<policy>@k`), each
+on top of round k's model; base is played once, by round 1's.
 """
 
 from __future__ import annotations
@@ -15,16 +17,18 @@ from pathlib import Path
 from offline_agent.evaluation import Episode, episode_row, greedy_episodes, summarize
 from offline_agent.types import Trajectory
 from pipelines.runner import StageContext
+from pipelines.stages.rounds import round_model, round_name, round_of
 
 MODE = "greedy"
 BASE = "base"
 
 
-def eval_policies(store, run_dir: Path) -> dict[str, str | None]:
-    """{policy: adapter folder}: base (no adapter), then each finished trained policy.
-    A relative folder is relative to the run directory."""
-    out: dict[str, str | None] = {BASE: None}
-    for name, value in store.final_checkpoints("train").items():
+def eval_policies(store, run_dir: Path, k: int = 1) -> dict[str, str | None]:
+    """{policy: adapter folder}: base (no adapter; round 1 only), then each policy round k
+    trained, named for its round. A relative folder is relative to the run directory."""
+    out: dict[str, str | None] = {BASE: None} if k == 1 else {}
+    for name, value in store.final_checkpoints(round_name("train", k)).items():
+        name = round_name(name, k)
         folder = Path(value["folder"])
         folder = folder if folder.is_absolute() else run_dir / folder
         if not (folder / "adapter_config.json").is_file():
@@ -35,9 +39,9 @@ def eval_policies(store, run_dir: Path) -> dict[str, str | None]:
 
 
 def run_eval(ctx: StageContext) -> dict:
-    cfg, store = ctx.cfg, ctx.store
+    cfg, store, k = ctx.cfg, ctx.store, round_of(ctx.stage)
     tasks = store.tasks("test")
-    policies = eval_policies(store, ctx.run_dir)
+    policies = eval_policies(store, ctx.run_dir, k)
     total = len(tasks) * len(policies)
     done = sum(len(store.eval_tasks(p, MODE)) for p in policies)
     for name, adapter in policies.items():
@@ -54,7 +58,8 @@ def run_eval(ctx: StageContext) -> dict:
             done += 1
             ctx.progress.update(policy=name, episodes_done=done, episodes=total)
 
-        _play(ctx, adapter, todo, on_done)
+        model = cfg.model if name == BASE else round_model(cfg, store, ctx.run_dir, k)
+        _play(ctx, model, adapter, todo, on_done)
     stats = {}
     for name in policies:
         summary = summarize([Episode.from_row(r) for r in store.eval_episodes(name, MODE)],
@@ -65,14 +70,15 @@ def run_eval(ctx: StageContext) -> dict:
     return stats
 
 
-def _play(ctx: StageContext, adapter: str | None, tasks, on_done) -> None:
-    """Load one policy, play its tasks, free it before the next policy loads."""
+def _play(ctx: StageContext, model, adapter: str | None, tasks, on_done) -> None:
+    """Load one policy (`adapter` on `model`), play its tasks, free it before the next
+    policy loads."""
     from offline_agent.envs.base import load_env
     from offline_agent.policy import load_policy
 
     cfg = ctx.cfg
-    model = {**vars(cfg.model), "adapter": adapter or cfg.model.adapter}
-    policy = load_policy(**model, seed=cfg.run.seed)
+    policy = load_policy(**{**vars(model), "adapter": adapter or model.adapter},
+                         seed=cfg.run.seed)
     try:
         greedy_episodes(policy, lambda: load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs),
                         tasks, batch_size=cfg.model.max_batch, on_done=on_done)

@@ -5,6 +5,9 @@ conversations are rebuilt from the stored trees. Outcome pairs, RFT examples and
 relabels come from the stored episodes (search rollouts and greedy baseline) of the train
 tasks. Everything lands in one transaction with the stage's done mark; `--force` after a
 change of `mine.*` re-mines from the stored trees without searching again.
+
+Round k's mine stage reads only round k's trees and episodes: round 1's search and the
+greedy baseline, round k >= 2 its own search@k (pipelines/stages/rounds.py).
 """
 
 from __future__ import annotations
@@ -21,13 +24,21 @@ from offline_agent.mining.hindsight import Relabel, relabel
 from offline_agent.mining.pairs import distinct_episodes, outcome_pairs
 from offline_agent.types import SUCCESS, Task, step_from_dict
 from pipelines.runner import StageContext
+from pipelines.stages.rounds import round_name, round_of
 from storage import Store
 
-SOURCES = ("mcts_rollout", "greedy")  # the stored episodes mining reads
+IDS_PER_ROUND = 1 << 32  # round k's pair and example ids start at (k - 1) * IDS_PER_ROUND
+
+
+def sources(k: int) -> list[tuple[str, str]]:
+    """(source, stage) of the stored episodes round k mines."""
+    search = [("mcts_rollout", round_name("search", k))]
+    return search + [("greedy", "baseline")] if k == 1 else search
 
 
 def run_mine(ctx: StageContext) -> dict:
     cfg, store = ctx.cfg, ctx.store
+    search = round_name("search", round_of(ctx.stage))
 
     def make_env() -> Env:
         return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
@@ -40,19 +51,21 @@ def run_mine(ctx: StageContext) -> dict:
                          f"env is {env.name!r}; mine each env's run on its own")
     context = Context(env.system_prompt(), env.demonstration())
     firsts = {tid: make_env().reset(task) for tid, task in tasks.items()}
-    trajs = [t for src in SOURCES for t in store.trajectories(src) if t["task_id"] in tasks]
+    trajs = [t for src, stage in sources(round_of(ctx.stage))
+             for t in store.trajectories(src, stage) if t["task_id"] in tasks]
 
-    steps, stats = mine_step_pairs(store, cfg.mine, context, tasks)
+    steps, stats = mine_step_pairs(store, cfg.mine, context, tasks, search)
     ctx.progress.update(step_pairs=len(steps))
     outcome = mine_outcome_pairs(trajs, cfg.mine, context, tasks, firsts)
     relabels, hindsight_stats = mine_hindsight(trajs, cfg.mine, make_env, tasks)
     examples = rft_examples(trajs, context, tasks, firsts)
     examples += [hindsight_example(src, r, context) for src, r in relabels]
     pairs = steps + outcome
+    first = (round_of(ctx.stage) - 1) * IDS_PER_ROUND
     for i, row in enumerate(pairs):
-        row["pair_id"] = i
+        row["pair_id"] = first + i
     for i, row in enumerate(examples):
-        row["example_id"] = i
+        row["example_id"] = first + i
     stats.update(trajectory_pairs=len(outcome), rft_examples=sum(e["kind"] == "rft"
                                                                   for e in examples),
                  hindsight_examples=len(relabels), **hindsight_stats)
@@ -63,12 +76,13 @@ def run_mine(ctx: StageContext) -> dict:
     return stats
 
 
-def mine_step_pairs(store: Store, cfg: MineConfig, context: Context,
-                    tasks: dict[str, Task]) -> tuple[list[dict], dict]:
+def mine_step_pairs(store: Store, cfg: MineConfig, context: Context, tasks: dict[str, Task],
+                    search: str) -> tuple[list[dict], dict]:
+    """Step pairs of the trees stage `search` grew."""
     kept, counts = store.step_pairs(cfg.alpha, cfg.theta, cfg.min_visits, cfg.invalid_rejected,
                                     cfg.max_pairs_per_node, cfg.max_pairs_per_task,
-                                    cfg.max_pairs, cfg.margin_bins, cfg.seed)
-    trees = {t["task_id"]: t["tree_id"] for t in store.trees()}
+                                    cfg.max_pairs, cfg.margin_bins, cfg.seed, stage=search)
+    trees = {t["task_id"]: t["tree_id"] for t in store.trees(search)}
     nodes = {r["node_id"]: r for r in store.tree_edges(sorted({trees[p["task_id"]]
                                                                 for p in kept}))}
     rows, seen = [], set()

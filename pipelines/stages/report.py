@@ -16,6 +16,7 @@ from pathlib import Path
 from offline_agent.evaluation import Episode, EvalConfig, compare, summarize
 from pipelines.runner import StageContext
 from pipelines.stages.eval import BASE, MODE
+from pipelines.stages.rounds import round_name, trained_policies
 from storage import Store
 
 
@@ -60,7 +61,7 @@ def policy_results(store: Store, cfg: EvalConfig) -> list[dict]:
     runs: dict[tuple[str, str], list[Episode]] = {}
     for row in store.eval_episodes():
         runs.setdefault((row["policy"], row["mode"]), []).append(Episode.from_row(row))
-    rank = {name: i for i, name in enumerate([BASE, *store.final_checkpoints("train")])}
+    rank = {name: i for i, name in enumerate([BASE, *trained_policies(store)])}
     order = sorted(runs, key=lambda k: (rank.get(k[0], len(rank)), k[0], k[1] != MODE, k[1]))
     base = runs.get((BASE, MODE))
     out = []
@@ -86,10 +87,15 @@ def stage_rows(store: Store) -> list[dict]:
 
 
 def training_curves(store: Store) -> dict[str, list[dict]]:
-    """{policy: [{"step": n, "loss": .., "margin": .., ...}]} from the train stage's metrics."""
+    """{policy: [{"step": n, "loss": .., "margin": .., ...}]} from each round's train stage's
+    metrics (round k's policies named `<policy>@k`)."""
     curves: dict[str, list[dict]] = {}
-    for row in store.metrics("train"):
-        curves.setdefault(row["series"], []).append({"step": row["step"], **row["data"]})
+    k = 1
+    while rows := store.metrics(round_name("train", k)):
+        for row in rows:
+            curves.setdefault(round_name(row["series"], k), []).append(
+                {"step": row["step"], **row["data"]})
+        k += 1
     return curves
 
 

@@ -17,12 +17,14 @@ from offline_agent.envs.base import Env
 from offline_agent.search.mcts import Node, SimulationResult, Tree
 from offline_agent.types import Task, ToolCall, step_to_dict
 from pipelines.runner import StageContext
+from pipelines.stages.rounds import make_iterate, round_model, round_of
 from storage import NODES_PER_TREE, Store, make_node_id
 
 TRAJS_PER_TREE = 1 << 20  # trajectory ids are tree_id * TRAJS_PER_TREE + simulation
 # Crash tests: the process SIGKILLs itself right after this many commits, so a test kills a
 # real run at a known point instead of racing a clock (unset or 0: never).
 KILL_AFTER = "OFFLINE_AGENT_SEARCH_KILL_AFTER_COMMIT"
+TREES_PER_ROUND = 1 << 24  # round k's tree ids are (k - 1) * TREES_PER_ROUND + the task's idx
 
 
 def node_row(tree_id: int, node: Node) -> dict:
@@ -158,22 +160,25 @@ def run_search(ctx: StageContext) -> dict:
     from offline_agent.search.critic import Critic
     from offline_agent.search.searcher import Searcher
 
-    cfg, store = ctx.cfg, ctx.store
-    i, n = cfg.search.shard_index
+    cfg, store, k = ctx.cfg, ctx.store, round_of(ctx.stage)
+    i, n = cfg.search.shard_index if k == 1 else (0, 1)
     tasks = store.tasks("train")[i::n]
-    tree_ids = store.task_index()
-    stored = {t["task_id"]: t for t in store.trees()}
+    tree_ids = round_tree_ids(store.task_index(), k)
+    stored = {t["task_id"]: t for t in store.trees(ctx.stage)}
 
     def make_env():
         return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
 
     todo = [t for t in tasks if stored.get(t.id, {}).get("status") != "done"]
     stats: dict = {"trees": len(tasks), "trees_resumed": 0, "trees_skipped": len(tasks) - len(todo)}
+    if k > 1:
+        stats["iterate"] = make_iterate(ctx)  # before any tree: a resume reuses it
     if todo:
         writer = TreeWriter(store, ctx.stage, tree_ids, cfg.search.simulations)
         trees, fresh = load_trees(store, todo, stored, tree_ids, make_env(), writer)
         stats["trees_resumed"] = len(trees) - len(fresh)
-        policy = load_policy(**vars(cfg.model), seed=cfg.run.seed)
+        model = round_model(cfg, store, ctx.run_dir, k)
+        policy = load_policy(**vars(model), seed=cfg.run.seed)
         critic = Critic(policy, make_env()) if cfg.search.critic == "logprob" else None
         writer.create(fresh)
 
@@ -187,16 +192,25 @@ def run_search(ctx: StageContext) -> dict:
         searcher = Searcher(policy, make_env, cfg.search, critic)
         run_stats = searcher.run(trees, commit)
         stats.update({k: round(v, 3) for k, v in run_stats.items() if k != "tasks_solved"})
-    stats.update(search_summary(store, [t.id for t in tasks]))
+    stats.update(search_summary(store, [t.id for t in tasks], ctx.stage))
     with store.transaction():
         ctx.finish(stats)
     return stats
 
 
-def search_summary(store: Store, task_ids: list[str]) -> dict:
-    """Tasks the search solved at least once, next to those the greedy base policy solved."""
+def round_tree_ids(task_index: dict[str, int], k: int) -> dict[str, int]:
+    """task_id -> the id of its tree in round k: rounds never share a tree, node or
+    trajectory id."""
+    if len(task_index) > TREES_PER_ROUND:
+        raise ValueError(f"{len(task_index)} tasks: tree ids allow {TREES_PER_ROUND} per round")
+    return {task: (k - 1) * TREES_PER_ROUND + idx for task, idx in task_index.items()}
+
+
+def search_summary(store: Store, task_ids: list[str], stage: str) -> dict:
+    """Tasks this search stage solved at least once, next to those the greedy base policy
+    solved."""
     wanted = set(task_ids)
-    solved = store.solved_tasks("mcts_rollout") & wanted
+    solved = store.solved_tasks("mcts_rollout", stage) & wanted
     greedy = store.solved_tasks("greedy") & wanted
     return {"tasks_solved_by_search": len(solved), "tasks_solved_greedy": len(greedy),
             "search_success_rate": round(len(solved) / max(len(wanted), 1), 3),

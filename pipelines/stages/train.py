@@ -3,6 +3,8 @@
 Per policy: a finished one (checkpoint key "<policy>/final" in the store) is skipped; an
 interrupted one resumes from the step checkpoint the store records under "<policy>". Every
 optimizer step's metrics land in the store's metrics table (series = policy) as it ends.
+Round k's train stage (train@k) trains on mine@k's data, on top of round k's model
+(pipelines/stages/rounds.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import random
 from pathlib import Path
 
 from pipelines.runner import StageContext
+from pipelines.stages.rounds import round_model, round_name, round_of
 
 # policy -> the pair kinds it trains on (rft trains on examples instead)
 PAIR_KINDS = {"dpo_outcome": ("trajectory",), "dpo_step": ("step",),
@@ -18,15 +21,15 @@ PAIR_KINDS = {"dpo_outcome": ("trajectory",), "dpo_step": ("step",),
 
 
 def policy_rows(store, policy: str, max_rows: int, seed: int,
-                hindsight: bool = True) -> list[dict]:
-    """The policy's training rows in a stable order; a seeded sample of max_rows when set.
-    RFT trains on the successes, plus the hindsight relabels when `hindsight`
-    (mine.rft_hindsight)."""
+                hindsight: bool = True, mine: str = "mine") -> list[dict]:
+    """The policy's training rows (of stage `mine`) in a stable order; a seeded sample of
+    max_rows when set. RFT trains on the successes, plus the hindsight relabels when
+    `hindsight` (mine.rft_hindsight)."""
     if policy == "rft":
         kinds = ("rft", "hindsight") if hindsight else ("rft",)
-        rows = sorted(store.examples(kinds=kinds), key=lambda r: r["example_id"])
+        rows = sorted(store.examples(kinds=kinds, stage=mine), key=lambda r: r["example_id"])
     else:
-        rows = sorted((r for kind in PAIR_KINDS[policy] for r in store.pairs(kind)),
+        rows = sorted((r for kind in PAIR_KINDS[policy] for r in store.pairs(kind, mine)),
                       key=lambda r: r["pair_id"])
     if max_rows and len(rows) > max_rows:
         keep = sorted(random.Random(seed).sample(range(len(rows)), max_rows))
@@ -41,7 +44,7 @@ def run_train(ctx: StageContext) -> dict:
         final = store.checkpoint(ctx.stage, ctx.shard, f"{policy}/final")
         if final is None:
             rows = policy_rows(store, policy, cfg.train.max_pairs, cfg.train.seed,
-                               cfg.mine.rft_hindsight)
+                               cfg.mine.rft_hindsight, round_name("mine", round_of(ctx.stage)))
             if not rows:
                 stats[policy] = {"skipped": "no training data (mined pairs / RFT examples)"}
                 continue
@@ -71,7 +74,8 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
         store.set_checkpoint(ctx.stage, ctx.shard, policy,
                              {"step": step, "folder": _in_run(ctx, path)})
 
-    metrics = fit_policy(policy, rows, cfg.model.id, cfg.train, folder, adapter=cfg.model.adapter,
+    model = round_model(cfg, store, ctx.run_dir, round_of(ctx.stage))
+    metrics = fit_policy(policy, rows, model.id, cfg.train, folder, adapter=model.adapter,
                          resume=str(ctx.run_dir / saved["folder"]) if saved else None,
                          on_metrics=on_metrics,
                          on_checkpoint=on_checkpoint)
