@@ -198,7 +198,8 @@ def test_gradient_is_exactly_zero_on_every_masked_token(tiny_model_dir, tokenize
             return dpo_loss(lp[0::2], lp[1::2], ref[0::2], ref[1::2], beta=0.1).losses.sum()
     else:
         pair = trajectory_pair()
-        seqs = [encode_example(tokenizer, {"messages": pair["prompt"] + pair["chosen"]})]
+        seqs = [encode_example(tokenizer, {"messages": pair["prompt"] + pair["chosen"]},
+                               len(pair["prompt"]))]
 
         def loss_of(lp):
             return sft_loss(lp, total_tokens=10)
@@ -216,3 +217,16 @@ def test_gradient_is_exactly_zero_on_every_masked_token(tiny_model_dir, tokenize
     lora = [p.grad for n, p in model.named_parameters() if "lora_" in n]
     assert lora and any(g is not None and g.abs().sum() > 0 for g in lora)
     assert all(p.grad is None for n, p in model.named_parameters() if "lora_" not in n)
+
+
+def test_rft_never_trains_on_the_demonstrations_actions(tokenizer):
+    """An RFT example starts with the env's worked demonstration (real assistant turns): only
+    the actions after the prompt are the policy's own and carry loss."""
+    chat = [{"role": "system", "content": "You shop."},
+            {"role": "user", "content": "Demo task"}, {"role": "assistant", "content": "search[demo]"},
+            {"role": "tool", "content": "Results"},
+            {"role": "user", "content": "Real task"}, {"role": "assistant", "content": "buy"},
+            {"role": "tool", "content": "Bought"}]
+    enc = encode_example(tokenizer, {"messages": chat}, prompt_messages=5)
+    trained = tokenizer.decode([i for i, m in zip(enc.ids, enc.mask) if m])
+    assert trained.startswith("buy") and "demo" not in trained

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from offline_agent.chat import encode_prompt_completion, encode_with_mask
+from offline_agent.chat import encode_prompt_completion
 from offline_agent.types import Message
 
 
@@ -58,9 +58,12 @@ def encode_pair(tokenizer, pair: dict) -> tuple[Encoded, Encoded]:
     return out[0], out[1]
 
 
-def encode_example(tokenizer, example: dict) -> Encoded:
-    """An RFT / hindsight example: the whole conversation, masked on every assistant turn."""
-    ids, mask = encode_with_mask(tokenizer, messages(example["messages"]))
+def encode_example(tokenizer, example: dict, prompt_messages: int) -> Encoded:
+    """An RFT / hindsight example: the whole conversation, masked on the assistant turns after
+    its first `prompt_messages` (system, the env's demonstration, the task): the demonstration's
+    actions are context the policy was shown, not actions it took."""
+    msgs = messages(example["messages"])
+    ids, mask = encode_prompt_completion(tokenizer, msgs[:prompt_messages], msgs[prompt_messages:])
     if not any(mask):
         raise ValueError(f"example {example.get('example_id')}: no assistant turn to train on")
     return Encoded(ids, mask)

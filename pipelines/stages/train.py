@@ -57,6 +57,7 @@ def run_train(ctx: StageContext) -> dict:
 
 
 def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
+    from offline_agent.envs.base import load_env
     from offline_agent.training.fit import fit_policy
 
     cfg, store = ctx.cfg, ctx.store
@@ -75,7 +76,9 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
                              {"step": step, "folder": _in_run(ctx, path)})
 
     model = round_model(cfg, store, ctx.run_dir, round_of(ctx.stage))
+    env = load_env(cfg.env.name, **cfg.env.kwargs)
     metrics = fit_policy(policy, rows, model.id, cfg.train, folder, adapter=model.adapter,
+                         prompt_messages=2 + len(env.demonstration()),
                          resume=str(ctx.run_dir / saved["folder"]) if saved else None,
                          on_metrics=on_metrics,
                          on_checkpoint=on_checkpoint)
