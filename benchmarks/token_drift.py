@@ -23,8 +23,7 @@ from minishop_pairs import step_pairs
 from offline_agent.chat import encode_prompt_completion, render_prompt
 from offline_agent.envs.base import load_env
 from offline_agent.policy import DEFAULT_MODEL, load_policy
-from offline_agent.policy.base import Sampling
-from offline_agent.policy.hf import encode_prompt
+from offline_agent.policy.base import Sampling, encode_prompt
 from offline_agent.training.logprobs import messages
 from offline_agent.types import Message
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from offline_agent.policy import Sampling, load_policy
-from offline_agent.policy.hf import HFPolicy, encode_prompt
+from offline_agent.policy.base import encode_prompt
+from offline_agent.policy.hf import HFPolicy
 
 GREEDY = Sampling(max_new_tokens=12, temperature=0)
 

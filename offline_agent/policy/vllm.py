@@ -1,10 +1,10 @@
 """vLLM backend (GPU): the same contract as HFPolicy, with vLLM's automatic prefix caching.
 
-Each (prompt, sample) row is its own request. It carries the hf backend's row seed, so a sample
-depends on (seed, row) only, whatever vLLM batches it with. Prefix caching makes the repeated
-prompt and the shared system prompt nearly free. Prompts go in as token ids (encode_prompt),
-so BOS is never doubled. The Completion is rebuilt from the returned ids by the hf backend's
-`finish`, so both backends cut stop strings and keep eos the same way.
+Each (prompt, sample) row is its own request. It carries the row seed the hf backend uses
+(base.row_seeds), so a sample depends on (seed, row) only, whatever vLLM batches it with.
+Prefix caching makes the repeated prompt and the shared system prompt nearly free. Prompts go in as token ids (encode_prompt),
+so BOS is never doubled. The Completion is rebuilt from the returned ids by
+`base.make_completion`, so both backends cut stop strings and keep eos the same way.
 
 Needs vLLM's V1 engine (>= 0.10.2) for `logprobs_mode="raw_logprobs"`. With it, the sampled
 tokens' log-probs come from the raw model, before temperature, top-p and any grammar mask, as
@@ -20,9 +20,8 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from .base import Completion, Sampling
+from .base import Completion, Sampling, call_rows, encode_prompt, make_completion
 from .grammar import CallGrammar, prompt_grammars
-from .hf import call_rows, encode_prompt, finish
 from .models import resolve_model
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # values vLLM accepts for max_lora_rank
@@ -83,8 +82,8 @@ class VLLMPolicy:
             # finish_reason "stop" with no stop string means eos (or a stop token id) ended it
             ended = o.finish_reason == "stop" and not isinstance(o.stop_reason, str)
             constrained = grammars[len(out)] is not None
-            out.append(finish(self.tokenizer, list(o.token_ids), logprobs,
-                              [] if constrained else sampling.stop, ended))
+            out.append(make_completion(self.tokenizer, list(o.token_ids), logprobs,
+                                       [] if constrained else sampling.stop, ended))
             out[-1].constrained = constrained
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
