@@ -27,6 +27,15 @@ from .models import resolve_model
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # values vLLM accepts for max_lora_rank
 
 
+def max_lora_rank(adapter: str) -> int:
+    """The smallest max_lora_rank vLLM accepts that serves this adapter's rank."""
+    rank = json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]
+    if rank > LORA_RANKS[-1]:
+        raise ValueError(f"adapter {adapter} has LoRA rank {rank}; vLLM serves rank at most "
+                         f"{LORA_RANKS[-1]}")
+    return next(r for r in LORA_RANKS if r >= rank)
+
+
 class VLLMPolicy:
     def __init__(self, model_id: str, device: str = "auto", dtype: str = "auto",
                  max_batch: int = 32, adapter: str | None = None, seed: int = 0,
@@ -47,8 +56,7 @@ class VLLMPolicy:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         lora, self._lora = {}, None
         if adapter:
-            rank = json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]
-            lora = {"enable_lora": True, "max_lora_rank": next(r for r in LORA_RANKS if r >= rank)}
+            lora = {"enable_lora": True, "max_lora_rank": max_lora_rank(adapter)}
             self._lora = LoRARequest("adapter", 1, str(Path(adapter).resolve()))
         self.llm = vllm.LLM(
             model=path,
