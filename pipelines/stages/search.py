@@ -13,10 +13,9 @@ from __future__ import annotations
 from offline_agent.envs.base import Env
 from offline_agent.search.mcts import Node, SimulationResult, Tree
 from offline_agent.types import Task, ToolCall, step_to_dict
+from pipelines.config import make_env
 from pipelines.runner import StageContext
-from storage import NODES_PER_TREE, Store, make_node_id
-
-TRAJS_PER_TREE = 1 << 20  # trajectory ids are tree_id * TRAJS_PER_TREE + simulation
+from storage import Store, make_node_id, rollout_traj_id, split_node_id
 
 
 def node_row(tree_id: int, node: Node) -> dict:
@@ -46,12 +45,12 @@ def tree_from_rows(task: Task, rows: list[dict], simulations_done: int) -> Tree:
     """Rebuild an in-memory tree from its stored nodes (ordered by id: parents first)."""
     nodes: list[Node] = []
     for r in rows:
-        local = r["node_id"] % NODES_PER_TREE
+        local = split_node_id(r["node_id"])[1]
         if local != len(nodes):
             raise ValueError(f"tree of {task.id}: node ids are not contiguous at {local}")
         if not r["snapshot"]:
             raise ValueError(f"tree of {task.id}: node {local} has no env snapshot")
-        parent = None if r["parent_id"] is None else r["parent_id"] % NODES_PER_TREE
+        parent = None if r["parent_id"] is None else split_node_id(r["parent_id"])[1]
         nodes.append(Node(
             id=local, parent=parent, depth=r["depth"], action=r["action"] or "",
             tool_call=ToolCall(**r["tool_call"]) if r["tool_call"] else None,
@@ -92,7 +91,7 @@ class TreeWriter:
                 touched[make_node_id(tid, i)] = (tid, tree.nodes[i])
             traj = result.trajectory
             trajectories.append({
-                "traj_id": tid * TRAJS_PER_TREE + result.simulation, "task_id": tree.task.id,
+                "traj_id": rollout_traj_id(tid, result.simulation), "task_id": tree.task.id,
                 "tree_id": tid, "source": "mcts_rollout", "simulation": result.simulation,
                 "steps": [step_to_dict(s) for s in traj.steps], "reward": traj.reward,
                 "success": traj.success, "achieved": traj.achieved,
@@ -141,7 +140,6 @@ def load_trees(store: Store, todo: list[Task], stored: dict[str, dict], tree_ids
 
 
 def run_search(ctx: StageContext) -> dict:
-    from offline_agent.envs.base import load_env
     from offline_agent.policy import load_policy
     from offline_agent.search.critic import Critic
     from offline_agent.search.searcher import Searcher
@@ -152,17 +150,14 @@ def run_search(ctx: StageContext) -> dict:
     tree_ids = store.task_index()
     stored = {t["task_id"]: t for t in store.trees()}
 
-    def make_env():
-        return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
-
     todo = [t for t in tasks if stored.get(t.id, {}).get("status") != "done"]
     stats: dict = {"trees": len(tasks), "trees_resumed": 0, "trees_skipped": len(tasks) - len(todo)}
     if todo:
         writer = TreeWriter(store, ctx.stage, tree_ids, cfg.search.simulations)
-        trees, fresh = load_trees(store, todo, stored, tree_ids, make_env(), writer)
+        trees, fresh = load_trees(store, todo, stored, tree_ids, make_env(cfg), writer)
         stats["trees_resumed"] = len(trees) - len(fresh)
         policy = load_policy(**vars(cfg.model), seed=cfg.run.seed)
-        critic = Critic(policy, make_env()) if cfg.search.critic == "logprob" else None
+        critic = Critic(policy, make_env(cfg)) if cfg.search.critic == "logprob" else None
         writer.create(fresh)
 
         def commit(finished):
@@ -172,12 +167,12 @@ def run_search(ctx: StageContext) -> dict:
                                 trees=len(trees), simulations_done=sum(t.simulations_done
                                                                        for t in trees))
 
-        searcher = Searcher(policy, make_env, cfg.search, critic)
+        searcher = Searcher(policy, lambda: make_env(cfg), cfg.search, critic)
         run_stats = searcher.run(trees, commit)
         stats.update({k: round(v, 3) for k, v in run_stats.items() if k != "tasks_solved"})
     stats.update(search_summary(store, [t.id for t in tasks]))
     with store.transaction():
-        ctx.finish(stats)
+        ctx.mark_done(stats)
     return stats
 
 

@@ -49,7 +49,7 @@ def run_train(ctx: StageContext) -> dict:
             final = _train_policy(ctx, policy, rows)
         stats[policy] = final
     with store.transaction():
-        ctx.finish(stats)
+        ctx.mark_done(stats)
     return stats
 
 
