@@ -176,3 +176,18 @@ def test_code_that_lost_its_last_bracket_to_the_action_gets_it_back():
     assert broken.reward == 1.0
     _, result = _submit("def flatten(xss):\n    return (x for xs in xss", task)
     assert result.reward == 0.0 and "SyntaxError" in result.observation
+
+
+def test_a_reply_that_ends_inside_the_code_closes_the_call_there():
+    """`submit[def f(x):\n    return x + 1` then end of turn (no "]" at all) is the 135M
+    model's most common reply; the end of the reply is the end of the call."""
+    task = _task("negate")
+    env = PythonTasks()
+    env.reset(task)
+    call, result = env.act("run_tests[def negate(x: int) -> int:\n    return -x")
+    assert call is not None and not result.invalid and "2/2 tests passed" in result.observation
+    call, result = env.act("submit[def negate(x: int) -> int:\n    return -x")
+    assert call.name == "submit" and result.reward == 1.0
+    env.reset(task)
+    _, unopened = env.act("def negate(x: int) -> int:\n    return -x")
+    assert unopened.invalid  # no tool named: still an invalid action

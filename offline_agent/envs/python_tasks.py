@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import random
+import re
 from dataclasses import dataclass
 from itertools import count
 from typing import Any
@@ -304,6 +305,9 @@ class PythonTasks(Env):
         code = f"{problem.signature}\n{problem.solution}"
         return make_task(problem, 0, self.seed), [f"run_tests[{code}]", f"submit[{code}]"]
 
+    def act(self, text: str) -> tuple[ToolCall | None, StepResult]:
+        return super().act(close_call(text[: self.max_parse_chars]))
+
     def _reset(self, task: Task) -> str:
         self.state = {"submitted": False}
         return "Check your code with run_tests[...], then submit[...] it."
@@ -327,6 +331,21 @@ class PythonTasks(Env):
             done=True,
             info={"passed": passed, "total": total},
         )
+
+
+_OPEN_CALL = re.compile(r"(?<![\w.])(run_tests|submit)[ \t]*\[", re.IGNORECASE)
+
+
+def close_call(text: str) -> str:
+    """`text` with a "]" appended if it opens a code action that no "]" follows.
+
+    A reply ends where its action does (a blank line or end of turn), and the 135M model
+    often stops right after the code (`submit[def f(x):\n    return x + 1`, then end of
+    turn): read the end of the reply as the end of the call, not as an invalid action."""
+    m = _OPEN_CALL.search(text)
+    if m is not None and "]" not in text[m.end():]:
+        return text + "]"
+    return text
 
 
 def restore_bracket(code: str) -> str:
