@@ -16,9 +16,9 @@ import argparse
 from offline_agent.envs.minishop import MiniShop
 from offline_agent.envs.minishop.goals import Goal
 from offline_agent.policy import DEFAULT_MODEL, load_policy
+from offline_agent.rollout import make_step
 from offline_agent.search.mcts import Rank
 from offline_agent.search.searcher import rank_available
-from offline_agent.types import Step
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
         steps = []
         for text in (f"search[{' '.join((*goal.attributes, goal.type))}]", f"click[{goal.target}]"):
             call, result = env.act(text)
-            steps.append(Step(action=text, observation=result.observation, tool_call=call))
+            steps.append(make_step(text, call, result))
         clicks = [a for a in env.available_actions() if a != "buy"]
         requests.append(Rank(task, first, steps, clicks))
         wanted.append({f"click[{v}]" for v in goal.options.values()})

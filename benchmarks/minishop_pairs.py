@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from offline_agent.chat import history_messages, to_chat_dicts
 from offline_agent.envs.base import load_env
+from offline_agent.rollout import make_step
 from offline_agent.types import Step
 
 
@@ -34,5 +35,5 @@ def step_pairs(n: int, seed: int = 0) -> list[dict]:
                               "rejected": [{"role": "assistant", "content": rejected}]})
                 break
             call, result = env.act(chosen)
-            steps.append(Step(chosen, result.observation, call))
+            steps.append(make_step(chosen, call, result))
     return pairs

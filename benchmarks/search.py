@@ -22,8 +22,9 @@ from offline_agent.policy.base import Sampling
 from offline_agent.policy.prefix_cache import PrefixCache
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
-from offline_agent.search.mcts import Rank, Sample, Tree, drive, sample_seed, simulate
+from offline_agent.search.mcts import Rank, Sample, Tree, drive, simulate
 from offline_agent.search.searcher import Searcher, rank_available, sample_prompt
+from offline_agent.seeding import stable_seed
 
 
 def main() -> None:
@@ -64,7 +65,7 @@ def main() -> None:
             return [
                 policy.sample([prompt], 1, Sampling(
                     max_new_tokens=env.max_action_tokens, temperature=t,
-                    stop=env.stop, seed=[sample_seed(request.seed, j)]))[0][0].text
+                    stop=env.stop, seed=[stable_seed(request.seed, j)]))[0][0].text
                 for j, t in enumerate(request.temperatures)
             ]
         if isinstance(request, Rank):

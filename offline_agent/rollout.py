@@ -9,12 +9,19 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from offline_agent.chat import history_messages, render_prompt
-from offline_agent.envs.base import Env
+from offline_agent.envs.base import Env, StepResult
 from offline_agent.policy.base import Policy, Sampling
-from offline_agent.types import Step, Task, Trajectory
+from offline_agent.seeding import stable_seed
+from offline_agent.types import Step, Task, ToolCall, Trajectory
 
 
-def action_sampling(env: Env, temperature: float, seed: int | None,
+def make_step(text: str, call: ToolCall | None, result: StepResult) -> Step:
+    """The step that model text made: what it parsed into and what the env answered."""
+    return Step(action=text, observation=result.observation, tool_call=call,
+                reward=result.reward, done=result.done, invalid=result.invalid, info=result.info)
+
+
+def action_sampling(env: Env, temperature: float, seed: int | list[int] | None,
                     tools: list[list[dict]] | None = None) -> Sampling:
     """One reply is one action: the env says where to cut it and how long it may be; `tools`
     (each prompt's `Env.action_tools()`) are what a constrained policy makes it call."""
@@ -31,7 +38,11 @@ def run_episodes(
     batch_size: int = 16,
     on_done: Callable[[Trajectory], None] | None = None,
 ) -> list[Trajectory]:
-    """Play every task to the end (done or the env's step limit); returns trajectories in order."""
+    """Play every task to the end (done or the env's step limit); returns trajectories in order.
+
+    Turn t of a task's episode is sampled with seed `stable_seed(seed, task.id, t)`, so an
+    episode does not depend on the other tasks of its batch (or on `batch_size`); a task listed
+    twice plays the same episode twice."""
     out: list[Trajectory | None] = [None] * len(tasks)
     for start in range(0, len(tasks), batch_size):
         chunk = list(range(start, min(start + batch_size, len(tasks))))
@@ -51,15 +62,13 @@ def run_episodes(
                     demo))
                 for i in active
             ]
-            sampling = action_sampling(envs[chunk[0]], temperature, seed + 1000 * start + turn,
+            sampling = action_sampling(envs[chunk[0]], temperature,
+                                       [stable_seed(seed, tasks[i].id, turn) for i in active],
                                        [envs[i].action_tools() for i in active])
             completions = policy.sample(prompts, 1, sampling)
             for i, (completion,) in zip(active, completions):
                 call, result = envs[i].act(completion.text)
-                trajs[i].steps.append(Step(
-                    action=completion.text, observation=result.observation, tool_call=call,
-                    reward=result.reward, done=result.done, invalid=result.invalid,
-                    info=result.info))
+                trajs[i].steps.append(make_step(completion.text, call, result))
                 if result.done:
                     trajs[i].reward = result.reward
                     trajs[i].achieved = envs[i].describe_achieved()

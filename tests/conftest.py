@@ -51,3 +51,11 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> str:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def mined_run(tmp_path_factory):
+    """A scripted MiniShop run through mine and export, read by two test modules."""
+    from tests.test_mine_stage import make_mined_run
+
+    return make_mined_run(tmp_path_factory.mktemp("mined"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import subprocess
 import sys
@@ -17,7 +19,7 @@ CONFIG = """\
 run: {{name: fake}}
 model: {{id: {model}, device: cpu}}
 env:
-  name: tests.test_runner:FakeEnv
+  name: tests.fakes:FakeEnv
   kwargs: {{max_steps: 2}}
   train_tasks: 4
   test_tasks: 2
@@ -25,19 +27,33 @@ search: {{simulations: 2, k: 2, max_depth: 2, trees_per_batch: 4}}
 """
 
 
-@pytest.fixture
-def config(tmp_path, tiny_model_dir) -> str:
+@pytest.fixture(scope="module")
+def config(tmp_path_factory, tiny_model_dir) -> str:
     """The whole pipeline, for real, on a tiny random model and a fake env."""
-    path = tmp_path / "fake.yaml"
+    path = tmp_path_factory.mktemp("cli-config") / "fake.yaml"
     path.write_text(CONFIG.format(model=tiny_model_dir))
     return str(path)
 
 
-def test_run_twice_second_does_nothing(tmp_path, config, capsys):
-    run_dir = tmp_path / "r"
-    assert main(["run", config, "--run-dir", str(run_dir)]) == 0
-    first = capsys.readouterr().out
-    assert "stage tasks: done" in first and first.rstrip().endswith(f"run directory: {run_dir}")
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, config) -> tuple[Path, str]:
+    """One whole run, made once for this module (tests read it or copy it); its stdout."""
+    run_dir = tmp_path_factory.mktemp("cli-finished") / "r"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["run", config, "--run-dir", str(run_dir)]) == 0
+    return run_dir, out.getvalue()
+
+
+@pytest.fixture
+def run_dir(tmp_path, finished) -> Path:
+    """A private copy of the finished run, for a test that runs or locks it."""
+    return Path(shutil.copytree(finished[0], tmp_path / "r"))
+
+
+def test_run_twice_second_does_nothing(finished, run_dir, config, capsys):
+    first = finished[1]
+    assert "stage tasks: done" in first and first.rstrip().endswith(f"run directory: {finished[0]}")
     assert main(["run", config, "--run-dir", str(run_dir)]) == 0
     second = capsys.readouterr().out
     assert "stage tasks: already done" in second and "running" not in second
@@ -46,7 +62,7 @@ def test_run_twice_second_does_nothing(tmp_path, config, capsys):
 
 def test_default_run_dir(tmp_path, config, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["run", config]) == 0
+    assert main(["run", config, "--until", "tasks"]) == 0
     (made,) = (tmp_path / "runs").iterdir()
     assert made.name.startswith("fake-")
     assert f"run directory: {Path('runs') / made.name}" in capsys.readouterr().out
@@ -67,13 +83,14 @@ def test_user_mistakes_exit_2_without_traceback(tmp_path, config, capsys, extra,
     assert "Traceback" not in err
 
 
-def test_changed_config_needs_force(tmp_path, config, capsys):
-    run_dir = str(tmp_path / "r")
-    assert main(["run", config, "--run-dir", run_dir]) == 0
+def test_changed_config_needs_force(tmp_path, run_dir, config, capsys):
+    run_dir = str(run_dir)
     assert main(["run", config, "--run-dir", run_dir, "--set", "env.train_tasks=5"]) == 2
     assert "env.train_tasks: 4 -> 5" in capsys.readouterr().err
     assert main(["run", config, "--run-dir", run_dir, "--set", "env.train_tasks=5",
-                 "--force"]) == 0
+                 "--force", "--until", "tasks"]) == 0
+    with Store(Path(run_dir) / "store.duckdb", read_only=True) as s:
+        assert len(s.tasks("train")) == 5 and s.stage("search") is None  # cleared by --force
     assert main(["run", str(tmp_path / "missing.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:  # argparse: exclusive options
@@ -81,11 +98,8 @@ def test_changed_config_needs_force(tmp_path, config, capsys):
     assert e.value.code == 2
 
 
-def test_status_reads_store(tmp_path, config, capsys):
-    run_dir = tmp_path / "r"
-    main(["run", config, "--run-dir", str(run_dir)])
-    capsys.readouterr()
-    assert main(["status", str(run_dir)]) == 0
+def test_status_reads_store(tmp_path, finished, capsys):
+    assert main(["status", str(finished[0])]) == 0
     out = capsys.readouterr().out
     assert "tasks" in out and "done" in out and "rows: tasks 6, trees 4" in out
     assert "trajectories 12" in out  # 4 greedy episodes + 4 trees x 2 simulations
@@ -93,9 +107,7 @@ def test_status_reads_store(tmp_path, config, capsys):
     assert "no store at" in capsys.readouterr().err
 
 
-def test_status_falls_back_to_progress_while_running(tmp_path, config, capsys):
-    run_dir = tmp_path / "r"
-    main(["run", config, "--run-dir", str(run_dir)])
+def test_status_falls_back_to_progress_while_running(run_dir, capsys):
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys
@@ -135,7 +147,7 @@ def tree_rows(run_dir: Path) -> tuple[dict, dict]:
         return s.counts(), nodes
 
 
-def test_merge_of_shards_equals_unsharded_run(tmp_path, config, capsys):
+def test_merge_of_shards_equals_unsharded_run(tmp_path, config, finished, capsys):
     a, b = shard_run(tmp_path, config, 0), shard_run(tmp_path, config, 1)
     # stages that need every shard's trees wait for the merge
     assert "stage mine: needs every shard's results; skipped" in capsys.readouterr().out
@@ -144,8 +156,7 @@ def test_merge_of_shards_equals_unsharded_run(tmp_path, config, capsys):
     out = tmp_path / "merged"
     assert main(["merge", str(out), str(a), str(b)]) == 0
     assert "trees 4" in capsys.readouterr().out
-    whole = tmp_path / "whole"
-    assert main(["run", config, "--run-dir", str(whole)]) == 0
+    whole = finished[0]
     merged_counts, merged_nodes = tree_rows(out)
     whole_counts, whole_nodes = tree_rows(whole)
     for table in ("tasks", "trees", "nodes", "trajectories"):
@@ -176,11 +187,9 @@ def test_console_script_help():
     assert "--until STAGE" in out.stdout and "search.simulations = " in out.stdout
 
 
-def test_tree_view_html_and_graphml(tmp_path, config, capsys):
+def test_tree_view_html_and_graphml(tmp_path, run_dir, capsys):
     import networkx as nx
 
-    run_dir = tmp_path / "r"
-    assert main(["run", config, "--run-dir", str(run_dir)]) == 0
     with Store(run_dir / "store.duckdb", read_only=True) as s:
         task_id = s.trees()[0]["task_id"]
         n_nodes = len(s.load_tree(0))

@@ -19,7 +19,7 @@ from pipelines.cli import main
 from pipelines.progress import Progress, ProgressError, read_progress
 from storage import Store, make_node_id
 
-CONFIG = "env: {name: tests.test_runner:FakeEnv, train_tasks: 2, test_tasks: 1}\n"
+CONFIG = "env: {name: tests.fakes:FakeEnv, train_tasks: 2, test_tasks: 1}\n"
 
 
 def digest(path: Path) -> str:

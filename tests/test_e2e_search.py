@@ -21,7 +21,8 @@ def test_search_with_embedded_model(tmp_path):
 
     config = tmp_path / "e2e.yaml"
     config.write_text(CONFIG)
-    assert main(["run", str(config), "--run-dir", str(tmp_path / "r")]) == 0
+    # the stages after search (mining, training, eval) are tested on the tiny model
+    assert main(["run", str(config), "--run-dir", str(tmp_path / "r"), "--until", "search"]) == 0
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
         assert [t["simulations_done"] for t in s.trees()] == [2, 2]
         nodes = [n for t in s.trees() for n in s.load_tree(t["tree_id"])]

@@ -10,7 +10,6 @@ import pytest
 
 from pipelines.cli import main
 from pipelines.export import push
-from tests.test_mine_stage import mined_run  # noqa: F401  (the module-scoped fixture)
 
 TOKEN = "hf_secretTOKEN1234567890"
 
@@ -37,7 +36,7 @@ class StubApi:
         return Info()
 
 
-def test_push_is_one_commit_and_never_logs_the_token(mined_run, monkeypatch, capsys, caplog):  # noqa: F811
+def test_push_is_one_commit_and_never_logs_the_token(mined_run, monkeypatch, capsys, caplog):
     run_dir = mined_run[0]
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     caplog.set_level(logging.DEBUG)
@@ -59,7 +58,7 @@ def test_push_is_one_commit_and_never_logs_the_token(mined_run, monkeypatch, cap
     assert TOKEN not in out.out + out.err + caplog.text
 
 
-def test_real_hub_attempt_offline_fails_with_one_clear_line(mined_run, monkeypatch, capsys):  # noqa: F811
+def test_real_hub_attempt_offline_fails_with_one_clear_line(mined_run, monkeypatch, capsys):
     run_dir = mined_run[0]
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # a real attempt: no route to the Hub here
@@ -70,7 +69,7 @@ def test_real_hub_attempt_offline_fails_with_one_clear_line(mined_run, monkeypat
     assert (run_dir / "export" / "README.md").exists()  # the local folder stays
 
 
-def test_export_out_writes_a_folder_and_refuses_a_non_empty_one(mined_run, tmp_path, capsys):  # noqa: F811
+def test_export_out_writes_a_folder_and_refuses_a_non_empty_one(mined_run, tmp_path, capsys):
     run_dir = mined_run[0]
     out = tmp_path / "ds"
     assert main(["export", str(run_dir), "--out", str(out)]) == 0
@@ -85,7 +84,7 @@ def test_export_out_writes_a_folder_and_refuses_a_non_empty_one(mined_run, tmp_p
 def test_export_before_mining_is_a_clear_error(tmp_path, capsys):
     from pipelines.runner import run
     from pipelines.stages import STAGES
-    from tests.test_runner import fake_cfg
+    from tests.fakes import fake_cfg
 
     run(fake_cfg(), tmp_path / "r", STAGES, until="tasks")
     assert main(["export", str(tmp_path / "r"), "--out", str(tmp_path / "o")]) == 2

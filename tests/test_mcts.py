@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from offline_agent.envs.base import ActionError, Env, StepResult
+from offline_agent.envs.base import StepResult
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.mcts import (
     Critique,
@@ -22,50 +22,12 @@ from offline_agent.search.mcts import (
     interleave,
     puct,
     rank_scores,
-    seed_for,
     select_child,
     simulate,
     ucb1,
 )
 from offline_agent.types import Task, ToolCall
-
-
-class Corridor(Env):
-    """Two moves, left or right. Only right-right pays 1; right-left pays 0.25; left pays 0."""
-
-    name = "corridor"
-    tools = [{"type": "function", "function": {
-        "name": "go", "parameters": {"type": "object", "properties": {
-            "direction": {"type": "string"}}, "required": ["direction"]}}}]
-
-    def tasks(self, split, n):
-        return [Task(id=f"corridor-{i}", env="corridor", instruction="reach the end") for i in range(n)]
-
-    def system_prompt(self):
-        return "go[left] or go[right]"
-
-    def _reset(self, task):
-        self.state = ""
-        return "start"
-
-    def _execute(self, call: ToolCall) -> StepResult:
-        d = call.arguments["direction"]
-        if d not in ("left", "right"):
-            raise ActionError("direction must be left or right")
-        self.state += d[0]
-        if len(self.state) < 2:
-            return StepResult(observation=f"at {self.state}")
-        reward = {"rr": 1.0, "rl": 0.25}.get(self.state, 0.0)
-        return StepResult(observation="end", reward=reward, done=True)
-
-
-class ListedCorridor(Corridor):
-    """Corridor that lists its moves, as a web page lists its links."""
-
-    name = "listed-corridor"
-
-    def available_actions(self):
-        return [] if self.state in ("rr", "rl", "lr", "ll") else ["go[left]", "go[right]"]
+from tests.fakes import Corridor, ListedCorridor
 
 
 def uniform_policy(request):
@@ -216,7 +178,6 @@ def test_helpers():
     assert action_key("search[x]", ToolCall("search", {"query": "x"})) == action_key(
         'search[ x ]', ToolCall("search", {"query": "x"}))
     assert action_key("  foo   bar ", None) == "foo bar"
-    assert seed_for(0, "t", 1, "a") == seed_for(0, "t", 1, "a") != seed_for(0, "t", 2, "a")
 
 
 def run_search(cfg: SearchConfig, serve=uniform_policy) -> Tree:
@@ -233,16 +194,18 @@ def test_mcts_finds_the_best_first_action():
     root = tree.root
     assert root.visits == 40 == tree.simulations_done
     children = {tree.nodes[i].action: tree.nodes[i] for i in root.children}
-    assert {"go[left]", "go[right]"} <= set(children)
+    # an expansion of k*oversample = 8 samples sees every move (uniform_policy), and k = 4
+    # leaves room for the one invalid proposal after the two valid ones
+    assert set(children) == {"go[left]", "go[right]", "jump"}
     best = max(children.values(), key=lambda n: n.q)
     assert best.action == "go[right]"
     # the search spent most of its visits on the better branch
     assert children["go[right]"].visits > children["go[left]"].visits
     # visits of children sum to parent visits minus the first (root-only) pass
     assert sum(tree.nodes[i].visits for i in root.children) == root.visits
-    # invalid proposals become flagged children, never exceptions
-    if "jump" in children:
-        assert children["jump"].invalid
+    # an invalid proposal becomes a flagged child, never an exception
+    assert children["jump"].invalid and not children["jump"].terminal
+    assert [children[a].invalid for a in ("go[left]", "go[right]")] == [False, False]
 
 
 def test_duplicates_are_merged_and_critic_scores_stored():

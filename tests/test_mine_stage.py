@@ -95,9 +95,9 @@ def scripted_search(ctx) -> dict:
     return {}
 
 
-@pytest.fixture(scope="module")
-def mined_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("mined")
+def make_mined_run(run_dir):
+    """tasks, scripted search, mine and export into `run_dir`; the session fixture
+    `mined_run` (tests/conftest.py) makes it once for this module and test_export."""
     cfg = RunConfig.load(None, ["env.name=minishop", f"env.train_tasks={TASKS}",
                                 "env.test_tasks=1", "env.kwargs={max_steps: 10}"])
     stages = [STAGE["tasks"], Stage("search", ("run", "env", "model", "search"),

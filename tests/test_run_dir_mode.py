@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 
 from pipelines.runner import run
-from tests.test_runner import TASKS_ONLY, fake_cfg
+from tests.fakes import fake_cfg
+from tests.test_runner import TASKS_ONLY
 
 
 def test_run_dir_is_created_mode_0700(tmp_path):

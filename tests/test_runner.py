@@ -8,46 +8,14 @@ import json
 import pytest
 import yaml
 
-from offline_agent.envs.base import Env, StepResult
-from offline_agent.types import Task, ToolCall
+from offline_agent.types import Task
 from pipelines.config import RunConfig
 from pipelines.runner import RunError, Stage, run
 from pipelines.stages import STAGES
 from storage import Store
+from tests.fakes import fake_cfg
 
 TASKS_ONLY = STAGES[:1]  # the model-free stage; the others are tested in test_cli/test_search_stage
-
-FAKE_ENV = "tests.test_runner:FakeEnv"
-
-
-class FakeEnv(Env):
-    """Tasks `<split>-<seed>-<i>`; one tool that ends the episode."""
-
-    name = "fake"
-    tools = [{"type": "function", "function": {"name": "finish", "parameters": {}}}]  # noqa: RUF012
-
-    def __init__(self, max_steps: int = 3, seed: int = 0, prefix: str = "t"):
-        super().__init__(max_steps=max_steps, seed=seed)
-        self.prefix = prefix
-
-    def tasks(self, split: str, n: int) -> list[Task]:
-        return [Task(f"{self.prefix}-{split}-{self.seed}-{i}", self.name, f"task {i}", split,
-                     {"i": i}) for i in range(n)]
-
-    def system_prompt(self) -> str:
-        return "Call finish."
-
-    def _reset(self, task: Task) -> str:
-        self.state = {"done": False}
-        return "start"
-
-    def _execute(self, call: ToolCall) -> StepResult:
-        return StepResult("finished", reward=1.0, done=True)
-
-
-def fake_cfg(*overrides: str) -> RunConfig:
-    return RunConfig.load(None, [f"env.name={FAKE_ENV}", "env.train_tasks=3",
-                                 "env.test_tasks=2", *overrides])
 
 
 def counting_stages(calls: list[str], fail: set[str] = frozenset()) -> list[Stage]:

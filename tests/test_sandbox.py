@@ -42,7 +42,9 @@ def needs(layer: str):
 
 def run(code: str, iso=ISO, **kw):
     """The behaviour tests run in whatever this machine provides (the escape tests below
-    skip a layer that is missing; the refusal itself is tested on its own)."""
+    skip a layer that is missing; the refusal itself is tested on its own). The default time
+    limit is generous: a busy machine must not turn a slow start into a timeout."""
+    kw.setdefault("timeout_s", 60)
     return run_python(code, isolation=iso, allow_weaker=True, **kw)
 
 
@@ -58,7 +60,9 @@ def _pids_with_env(token: str) -> list[int]:
     return found
 
 
-def _wait_gone(probe, deadline_s: float = 3.0) -> list:
+def _wait_gone(probe, deadline_s: float = 60.0) -> list:
+    """Polls until nothing is left; the deadline only bounds a failing test (generous: a
+    busy machine reaps slowly, and a passing test returns as soon as all are gone)."""
     end = time.monotonic() + deadline_s
     while (left := probe()) and time.monotonic() < end:
         time.sleep(0.05)
@@ -132,7 +136,7 @@ def test_fork_limit_refuses_new_processes(iso):
         "except OSError as e:\n"
         "    print('refused after', n)\n"
     )
-    r = run(code, timeout_s=5, iso=iso)
+    r = run(code, timeout_s=60, iso=iso)
     assert "refused after" in r.stdout and not r.timed_out
     assert int(r.stdout.split()[-1]) < 100
 
@@ -273,10 +277,32 @@ def test_no_network_without_namespaces_via_blocked_socket_module(listener):
     assert _nothing_accepted(listener)
 
 
-def test_parent_is_unaffected():
-    before = os.getcwd(), dict(os.environ)
-    assert run("import os\nos.chdir('/')\nos.environ['X'] = '1'\nprint(6 * 7)").stdout == "42\n"
-    assert (os.getcwd(), dict(os.environ)) == before
+def _kill_code(pid: int) -> str:
+    return (
+        "import os, signal\n"
+        "try:\n"
+        f"    os.kill({pid}, signal.SIGKILL)\n"
+        "    print('killed')\n"
+        "except OSError as e:\n"
+        "    print('blocked', type(e).__name__)\n"
+    )
+
+
+@needs("drop_uid")
+def test_the_callers_processes_cannot_be_signalled(iso):
+    """Hostile code cannot kill the caller's processes (another pid namespace, or another
+    uid); the control, same uid and no namespaces, does kill one."""
+    victims = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        r = run(_kill_code(victims[0].pid), iso=iso)
+        assert r.stdout.split()[0] == "blocked" and victims[0].poll() is None, r
+        same_uid = dataclasses.replace(MODES["no-namespaces"], drop_uid=False)
+        control = run(_kill_code(victims[1].pid), iso=same_uid)
+        assert control.stdout == "killed\n" and victims[1].wait(timeout=30) == -9, control
+    finally:
+        for v in victims:
+            v.kill()
+            v.wait()
 
 
 # ---- escapes found by a hostile-model review (issue 12): each blocked, each with a control
@@ -397,7 +423,7 @@ def test_tmp_and_shm_are_private_capped_and_gone_after_the_run():
         "    except OSError as e:\n"
         "        print(d, 'full at', total, 'MB', e.errno)\n"
     )
-    r = run(code, timeout_s=20)
+    r = run(code, timeout_s=60)
     assert r.stdout.splitlines() == [
         f"/tmp full at {sandbox.TMPFS_MB - 8} MB 28",  # ENOSPC
         f"/dev/shm full at {sandbox.TMPFS_MB - 8} MB 28",

@@ -1,24 +1,24 @@
-"""The search stage for real: a DuckDB file, MiniShop, a tiny random model, SIGKILL and resume."""
+"""The search stage for real: a DuckDB file, MiniShop, a tiny random model, SIGKILL and resume.
+Runs stop after search (`--until search`): the later stages have tests of their own."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from pipelines.stages.search import KILL_AFTER
 from storage import Store
 
 CONFIG = """\
 run: {{name: resume, seed: 0}}
 model: {{id: {model}, device: cpu, max_batch: 64, prefix_cache_gb: {cache}}}
 env:
-  name: minishop
+  name: tests.fakes:ShortMiniShop
   kwargs: {{max_steps: 3}}
   train_tasks: {trees}
   test_tasks: 1
@@ -32,11 +32,20 @@ def write_config(tmp_path: Path, model: str, trees: int, sims: int, cache: float
     return path
 
 
-def launch(config: Path, run_dir: Path) -> subprocess.Popen:
+def run_search(config: Path, run_dir: Path) -> int:
+    from pipelines.cli import main
+
+    return main(["run", str(config), "--run-dir", str(run_dir), "--until", "search"])
+
+
+def launch(config: Path, run_dir: Path, kill_after_commits: int) -> subprocess.Popen:
+    """`offline-agent run` in a child process that kills itself after that many commits."""
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "run", str(config), "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "pipelines.cli", "run", str(config), "--run-dir", str(run_dir),
+         "--until", "search"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         cwd=Path(__file__).parents[1],
+        env={**os.environ, KILL_AFTER: str(kill_after_commits)},
     )
 
 
@@ -55,10 +64,8 @@ def snapshot(run_dir: Path) -> dict:
 
 
 def test_search_stage_stores_trees_and_reruns_as_noop(tmp_path, tiny_model_dir):
-    from pipelines.cli import main
-
     config = write_config(tmp_path, tiny_model_dir, trees=3, sims=3)
-    assert main(["run", str(config), "--run-dir", str(tmp_path / "r")]) == 0
+    assert run_search(config, tmp_path / "r") == 0
     snap = snapshot(tmp_path / "r")
     assert snap["stage"]["status"] == "done"
     assert snap["trees"] == {0: 3, 1: 3, 2: 3}
@@ -73,42 +80,33 @@ def test_search_stage_stores_trees_and_reruns_as_noop(tmp_path, tiny_model_dir):
             assert all(r["snapshot"] and r["pickled_snapshot"] is None for r in rows)
         greedy = s.trajectories("greedy")
         assert len(greedy) == 3
-    assert main(["run", str(config), "--run-dir", str(tmp_path / "r")]) == 0
+    assert run_search(config, tmp_path / "r") == 0
     assert snapshot(tmp_path / "r") == snap
 
 
 @pytest.mark.parametrize("prefix_cache_gb", [2, 0])
 def test_sigkill_mid_search_then_resume_matches_uninterrupted(tmp_path, tiny_model_dir,
                                                               prefix_cache_gb):
-    """With the prefix cache (the default), a resumed tree is complete and keeps every committed
-    row; without it, it is also bit-identical to an uninterrupted run. (Reused KV differs from
-    recomputed KV in the last bits, which can flip a near-tie sample after the crash point.)"""
-    trees, sims = 4, 6
+    """A child run SIGKILLs itself right after its 2nd search commit (a real hard kill at a
+    known point, no clock). With the prefix cache (the default), the resumed tree is complete
+    and keeps every committed row; without it, it is also bit-identical to an uninterrupted
+    run. (Reused KV differs from recomputed KV in the last bits, which can flip a near-tie
+    sample after the crash point.)"""
+    trees, sims = 4, 4  # 3 trees search at once: the 4th starts when one is done
     config = write_config(tmp_path, tiny_model_dir, trees, sims, prefix_cache_gb)
     killed_dir, clean_dir = tmp_path / "killed", tmp_path / "clean"
 
-    proc = launch(config, killed_dir)
-    deadline = time.time() + 240
-    progress = killed_dir / "progress.json"
-    while time.time() < deadline and proc.poll() is None:
-        if progress.exists():
-            state = json.loads(progress.read_text())
-            if state["stage"] == "search" and state["counters"].get("simulations_done", 0) >= 2:
-                break
-        time.sleep(0.02)
-    if proc.poll() is not None:
-        pytest.fail("search finished before it could be killed:\n" + proc.stdout.read())
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc = launch(config, killed_dir, kill_after_commits=2)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, out
 
     before = snapshot(killed_dir)
     done_before = sum(before["trees"].values())
     assert 0 < done_before < trees * sims, before["trees"]
+    assert len(before["trajs"]) == done_before  # the 2 commits, whole
     assert before["stage"]["status"] == "running"
 
-    resumed = launch(config, killed_dir)
-    out, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, out
+    assert run_search(config, killed_dir) == 0  # resume, in this process
     after = snapshot(killed_dir)
     assert after["stage"]["status"] == "done"
     assert set(after["trees"].values()) == {sims}
@@ -120,9 +118,7 @@ def test_sigkill_mid_search_then_resume_matches_uninterrupted(tmp_path, tiny_mod
 
     if prefix_cache_gb:
         return
-    clean = launch(config, clean_dir)
-    out, _ = clean.communicate(timeout=300)
-    assert clean.returncode == 0, out
+    assert run_search(config, clean_dir) == 0
     reference = snapshot(clean_dir)
     assert len(reference["nodes"]) == len(after["nodes"])
     # per-(task, simulation) seeds: the resumed search grew the very same trees

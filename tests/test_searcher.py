@@ -9,9 +9,10 @@ import pytest
 from offline_agent.policy.base import Completion, Sampling
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
-from offline_agent.search.mcts import Critique, Rank, Sample, Tree, drive, sample_seed, simulate
+from offline_agent.search.mcts import Critique, Rank, Sample, Tree, drive, simulate
 from offline_agent.search.searcher import Searcher, rank_available, sample_prompt
-from tests.test_mcts import Corridor, ListedCorridor
+from offline_agent.seeding import stable_seed
+from tests.fakes import Corridor, ListedCorridor
 
 ACTIONS = ["go[left]", "go[right]", "jump", "go[right]"]
 
@@ -49,7 +50,7 @@ def _sequential(policy, env, cfg, tree):
     def serve(req):
         if isinstance(req, Sample):
             prompt = sample_prompt(policy, env, req)
-            return [policy.sample([prompt], 1, Sampling(temperature=[t], seed=[sample_seed(req.seed, j)]))
+            return [policy.sample([prompt], 1, Sampling(temperature=[t], seed=[stable_seed(req.seed, j)]))
                     [0][0].text for j, t in enumerate(req.temperatures)]
         if isinstance(req, Rank):
             return rank_available(policy, env, [req])[0]

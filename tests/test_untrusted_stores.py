@@ -96,7 +96,7 @@ def test_merge_refuses_views_and_computed_columns(tmp_path, capsys):
 
 def test_crafted_json_snapshot_is_merged_and_resumed_as_data(tmp_path, tiny_model_dir, capsys):
     marker = tmp_path / "code-ran"
-    env = load_env("tests.test_runner:FakeEnv", seed=0, max_steps=2)
+    env = load_env("tests.fakes:FakeEnv", seed=0, max_steps=2)
     (task,) = env.tasks("train", 1)
     env.reset(task)
     snapshot = env.snapshot()
@@ -109,7 +109,7 @@ def test_crafted_json_snapshot_is_merged_and_resumed_as_data(tmp_path, tiny_mode
     config = tmp_path / "c.yaml"
     config.write_text(
         f"model: {{id: {tiny_model_dir}, device: cpu}}\n"
-        "env: {name: tests.test_runner:FakeEnv, kwargs: {max_steps: 2}, train_tasks: 1, "
+        "env: {name: tests.fakes:FakeEnv, kwargs: {max_steps: 2}, train_tasks: 1, "
         "test_tasks: 1}\n"
         "search: {simulations: 2, k: 2, max_depth: 2, trees_per_batch: 1}\n")
     assert main(["run", str(config), "--run-dir", str(out), "--until", "search"]) == 0

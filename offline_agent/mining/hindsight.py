@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from offline_agent.envs.base import Env
+from offline_agent.rollout import make_step
 from offline_agent.types import SUCCESS, Step, Task
 
 
@@ -27,11 +28,8 @@ def replay(env: Env, task: Task, actions: list[str]) -> tuple[str, list[Step]]:
     first = env.reset(task)
     steps = []
     for text in actions:
-        call, result = env.act(text)
-        steps.append(Step(action=text, observation=result.observation, tool_call=call,
-                          reward=result.reward, done=result.done, invalid=result.invalid,
-                          info=result.info))
-        if result.done:
+        steps.append(make_step(text, *env.act(text)))
+        if steps[-1].done:
             break
     return first, steps
 

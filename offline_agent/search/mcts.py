@@ -2,8 +2,9 @@
 
 One simulation is a generator: it walks the tree, steps the env, and *yields* what it
 needs from a model (`Sample` K proposals or a rollout action, `Rank` the env's available
-actions, `Critique` the proposals),
-receiving the answers by `send`. A driver decides how to serve those requests: the
+actions, `Critique` the proposals), receiving the answers by `send`. Its phases (select_leaf,
+expand, rollout, backpropagate) are functions of their own; those that ask a model are
+generators too, joined by `yield from`. A driver decides how to serve those requests: the
 batched searcher gathers the requests of many trees into one generate call; a
 sequential driver serves them one at a time. The algorithm is the same in both.
 
@@ -22,14 +23,15 @@ state scores it even if the policy walks on, and the listed children that end we
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Generator
 from dataclasses import dataclass, field
 
-from offline_agent.envs.base import Env
+from offline_agent.envs.base import Env, StepResult
+from offline_agent.rollout import make_step
 from offline_agent.search.config import SearchConfig
+from offline_agent.seeding import stable_seed
 from offline_agent.types import SUCCESS, Step, Task, ToolCall, Trajectory
 
 
@@ -102,7 +104,7 @@ class Tree:
 class Sample:
     """Ask the policy for one action per temperature after `steps` (answer: list[str]).
 
-    Action j is drawn at temperatures[j] (0: greedy) with seed `sample_seed(seed, j)`."""
+    Action j is drawn at temperatures[j] (0: greedy) with seed `stable_seed(seed, j)`."""
 
     task: Task
     first_observation: str
@@ -145,6 +147,35 @@ class SimulationResult:
     reward: float  # the backed-up return
     new_nodes: list[int]  # ids of nodes created by this simulation
     path: list[int]  # ids whose visits/value changed
+
+
+# ---- what a simulation weighs --------------------------------------------------------------
+@dataclass(frozen=True)
+class Candidate:
+    """A distinct action tried once from the node being expanded: a child if chosen."""
+
+    text: str  # what the policy wrote, or the listed action
+    call: ToolCall | None  # what the text parsed into
+    result: StepResult  # what the env answered
+    snapshot: dict  # Env.snapshot() after the step
+    ending: float | None  # best listed ending one step on (with cfg.finish), else None
+
+    @property
+    def end_value(self) -> float:
+        """How well it ends: its own reward if it ends the episode, else the best ending one
+        step on, else -1."""
+        if self.result.done:
+            return self.result.reward
+        return -1.0 if self.ending is None else self.ending
+
+
+@dataclass(frozen=True)
+class Ending:
+    """One way a simulation can end: its reward, the steps from the root, the final state."""
+
+    reward: float
+    steps: list[Step]
+    snapshot: dict  # Env.snapshot() at the end
 
 
 # ---- pure pieces ---------------------------------------------------------------------------
@@ -199,18 +230,6 @@ def action_key(action: str, call: ToolCall | None) -> str:
     return " ".join(action.split())
 
 
-def sample_seed(seed: int, j: int) -> int:
-    """The seed of action j of a Sample request."""
-    digest = hashlib.sha256(f"{seed}/{j}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
-def seed_for(base: int, task_id: str, simulation: int, purpose: str) -> int:
-    """A stable seed per (task, simulation, request): a resumed tree samples what it would have."""
-    digest = hashlib.sha256(f"{base}/{task_id}/{simulation}/{purpose}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
 def finishing_steps(env: Env) -> list[tuple[Step, dict]]:
     """The env's listed actions that end the episode here, each with its step and end state.
 
@@ -221,9 +240,7 @@ def finishing_steps(env: Env) -> list[tuple[Step, dict]]:
     for text in env.available_actions():
         call, result = env.act(text)
         if result.done and not result.info.get("truncated"):
-            out.append((Step(action=text, observation=result.observation, tool_call=call,
-                             reward=result.reward, done=True, info=result.info),
-                        env.snapshot()))
+            out.append((make_step(text, call, result), env.snapshot()))
         env.restore(here)
     return out
 
@@ -252,113 +269,165 @@ def rank_scores(scores: list[float]) -> list[int]:
     return ranks
 
 
-# ---- one simulation ------------------------------------------------------------------------
+# ---- one simulation: select, expand, roll out, back up --------------------------------------
 def simulate(
     tree: Tree, env: Env, cfg: SearchConfig, use_critic: bool = True
 ) -> Generator[Sample | Rank | Critique, list, SimulationResult]:
-    """Select, expand (K proposals + critique), roll out to a terminal state, back up."""
+    """Select, expand (K proposals + critique), roll out to a terminal state, back up. The
+    phases that need a model pass their requests up to the driver through `yield from`."""
     sim = tree.simulations_done
-    task, first_obs = tree.task, tree.root.observation
+    node = select_leaf(tree, cfg)
+    new_nodes: list[int] = []
+    if not node.terminal:
+        new_nodes = yield from expand(tree, node, env, cfg, sim, use_critic)
+        node = select_child(tree, node, cfg)
+    ending = yield from rollout(tree, node, env, cfg, sim)
+    return backpropagate(tree, node, env, ending, cfg, sim, new_nodes)
 
-    # 1. selection: descend through expanded, non-terminal nodes
+
+def select_leaf(tree: Tree, cfg: SearchConfig) -> Node:
+    """Selection: descend from the root through expanded, non-terminal nodes."""
     node = tree.root
     while node.children and not node.terminal:
         node = select_child(tree, node, cfg)
-    new_nodes: list[int] = []
+    return node
 
-    # 2. expansion: the children are the first distinct valid proposals, then (cfg.listed of
-    # them) the env's available actions no sample proposed, those with the best ending one
-    # step on first (cfg.finish), else the tops of the task's PMI and the policy's log-prob in
-    # turn, then one invalid proposal if room is left (junk is a useful rejected example once,
-    # a waste of search after)
-    if not node.terminal:
-        history = tree.steps(node)
+
+def expand(
+    tree: Tree, node: Node, env: Env, cfg: SearchConfig, sim: int, use_critic: bool
+) -> Generator[Sample | Rank | Critique, list, list[int]]:
+    """Expansion: give `node` up to k children, scored by the critic; returns their ids.
+
+    They are the first distinct valid proposals, then (cfg.listed of them) the env's available
+    actions no sample proposed, then one invalid proposal if room is left (junk is a useful
+    rejected example once, a waste of search after); see `choose_children`."""
+    history = tree.steps(node)
+    env.restore(node.snapshot)
+    available = yield from ranked_available(tree, env, cfg, history)
+    temperatures = [cfg.expand_temperature] * (cfg.k * cfg.oversample)
+    if cfg.expand_greedy:
+        temperatures[0] = 0.0
+    seed = stable_seed(cfg.seed, tree.task.id, sim, "expand", node.id)
+    proposals = yield Sample(tree.task, tree.root.observation, history, temperatures, seed,
+                             env.action_tools())
+    last = node.depth + 1 >= cfg.max_depth  # children at max depth end there
+    seen: set[str] = set()
+    sampled = try_actions(env, node, proposals, seen, last, cfg.finish)
+    listed = try_actions(env, node, available, seen, last, cfg.finish)
+    children = add_children(tree, node, choose_children(sampled, listed, cfg), sim, last)
+    yield from critique(tree, children, history, use_critic)
+    return [child.id for child in children]
+
+
+def ranked_available(
+    tree: Tree, env: Env, cfg: SearchConfig, history: list[Step]
+) -> Generator[Rank, list, list[str]]:
+    """The env's listed actions here (none unless cfg.listed), the tops of the task's PMI and
+    the policy's log-prob rankings in turn."""
+    available = env.available_actions() if cfg.listed else []
+    if not available:
+        return []
+    rankings = yield Rank(tree.task, tree.root.observation, history, available)
+    return interleave([[available[i] for i in sorted(range(len(available)),
+                                                     key=lambda i: -scores[i])]
+                       for scores in rankings])
+
+
+def try_actions(env: Env, node: Node, texts: list[str], seen: set[str], last: bool,
+                find_endings: bool) -> list[Candidate]:
+    """Each of `texts` stepped from the node's state, but those whose `action_key` is in `seen`
+    (which gains the keys of the new ones). With `find_endings`, a candidate that does not end the
+    episode (nor reach max depth, `last`) looks for the best ending one listed step on."""
+    out = []
+    for text in texts:
         env.restore(node.snapshot)
-        available = env.available_actions() if cfg.listed else []
-        if available:
-            rankings = yield Rank(task, first_obs, history, available)
-            available = interleave([[available[i] for i in sorted(range(len(available)),
-                                                                   key=lambda i: -scores[i])]
-                                    for scores in rankings])
-        seed = seed_for(cfg.seed, task.id, sim, f"expand/{node.id}")
-        temperatures = [cfg.expand_temperature] * (cfg.k * cfg.oversample)
-        if cfg.expand_greedy:
-            temperatures[0] = 0.0
-        proposals = yield Sample(task, first_obs, history, temperatures, seed,
-                                 env.action_tools())
-        seen: set[str] = set()
-        sampled, listed = [], []
-        last = node.depth + 1 >= cfg.max_depth  # children at max depth end there
-        for texts, out in ((proposals, sampled), (available, listed)):
-            for text in texts:
-                env.restore(node.snapshot)
-                call, result = env.act(text)
-                key = action_key(text, call)
-                if key not in seen:
-                    seen.add(key)
-                    snapshot = env.snapshot()
-                    ending = None if result.done or last or not cfg.finish else best_ending(env)
-                    out.append((text, call, result, snapshot, ending))
-        if cfg.finish:  # listed actions that end well (or lead to a good ending) come first
-            listed.sort(key=lambda c: -(c[2].reward if c[2].done else
-                                        -1.0 if c[4] is None else c[4]))
-        valid = [c for c in sampled if not c[2].invalid]
-        invalid = [c for c in sampled if c[2].invalid][:1]
-        m = min(cfg.listed, len(listed))
-        chosen = valid[:cfg.k - m] + listed[:m] + valid[cfg.k - m:] + listed[m:] + invalid
-        for text, call, result, snapshot, ending in chosen[:cfg.k]:
-            child = tree.add_child(
-                node, action=text, tool_call=call, observation=result.observation,
-                reward=result.reward, invalid=result.invalid, created_sim=sim, ending=ending,
-                terminal=result.done or last, snapshot=snapshot, info=result.info,
-            )
-            new_nodes.append(child.id)
-        children = [tree.nodes[i] for i in new_nodes]
-        if use_critic and len(children) > 1:
-            scores = yield Critique(task, first_obs, history, [c.action for c in children])
-        else:
-            scores = [1.0 / len(children)] * len(children)
-        for child, score, rank in zip(children, scores, rank_scores(scores)):
-            child.critic_score, child.critic_rank = float(score), rank
-        node = select_child(tree, node, cfg)
+        call, result = env.act(text)
+        key = action_key(text, call)
+        if key in seen:
+            continue
+        seen.add(key)
+        snapshot = env.snapshot()
+        ending = None if result.done or last or not find_endings else best_ending(env)
+        out.append(Candidate(text, call, result, snapshot, ending))
+    return out
 
-    # 3. rollout with the policy from the chosen node to a terminal state or max depth; with
-    # cfg.finish, every state it passes also tries the env's listed actions that end the
-    # episode, and the simulation returns the best of those endings and its own
+
+def choose_children(sampled: list[Candidate], listed: list[Candidate],
+                    cfg: SearchConfig) -> list[Candidate]:
+    """The first k of: valid proposals and min(cfg.listed, available) listed actions in the
+    first k slots, then the other valid and listed ones, then one invalid proposal. With
+    cfg.finish, listed actions that end well (or lead to a good ending) come first."""
+    if cfg.finish:
+        listed = sorted(listed, key=lambda c: -c.end_value)
+    valid = [c for c in sampled if not c.result.invalid]
+    invalid = [c for c in sampled if c.result.invalid][:1]
+    m = min(cfg.listed, len(listed))
+    return (valid[:cfg.k - m] + listed[:m] + valid[cfg.k - m:] + listed[m:] + invalid)[:cfg.k]
+
+
+def add_children(tree: Tree, node: Node, chosen: list[Candidate], sim: int,
+                 last: bool) -> list[Node]:
+    """The chosen candidates as children of `node`; at max depth (`last`) they end there."""
+    return [
+        tree.add_child(node, action=c.text, tool_call=c.call, observation=c.result.observation,
+                       reward=c.result.reward, invalid=c.result.invalid, created_sim=sim,
+                       ending=c.ending, terminal=c.result.done or last, snapshot=c.snapshot,
+                       info=c.result.info)
+        for c in chosen
+    ]
+
+
+def critique(tree: Tree, children: list[Node], history: list[Step],
+             use_critic: bool) -> Generator[Critique, list, None]:
+    """Store the critic's score and rank of each new child (uniform without a critic or with
+    one child)."""
+    if use_critic and len(children) > 1:
+        scores = yield Critique(tree.task, tree.root.observation, history,
+                                [c.action for c in children])
+    else:
+        scores = [1.0 / len(children)] * len(children)
+    for child, score, rank in zip(children, scores, rank_scores(scores)):
+        child.critic_score, child.critic_rank = float(score), rank
+
+
+def rollout(tree: Tree, node: Node, env: Env, cfg: SearchConfig,
+            sim: int) -> Generator[Sample, list, Ending]:
+    """Rollout: the policy plays from `node` to a terminal state or max depth. With cfg.finish,
+    every state it passes also tries the env's listed actions that end the episode. Returns the
+    best ending net of step costs; ties go to the earliest (shortest)."""
     steps = tree.steps(node)
     env.restore(node.snapshot)
-    endings: list[tuple[float, list[Step], dict]] = []  # (reward, steps, final env snapshot)
     if node.terminal:
-        endings.append((node.reward, steps, node.snapshot))
-    else:
-        for depth in range(node.depth, cfg.max_depth):
-            if cfg.finish:
-                endings += [(s.reward, [*steps, s], snap) for s, snap in finishing_steps(env)]
-                if any(e[0] >= SUCCESS for e in endings):
-                    break  # nothing later does better
-            seed = seed_for(cfg.seed, task.id, sim, f"rollout/{depth}")
-            (text,) = yield Sample(task, first_obs, steps, [cfg.rollout_temperature], seed,
-                                   env.action_tools())
-            call, result = env.act(text)
-            steps.append(Step(action=text, observation=result.observation, tool_call=call,
-                              reward=result.reward, done=result.done, invalid=result.invalid,
-                              info=result.info))
-            if result.done:
-                break
-        endings.append((steps[-1].reward if steps[-1].done else 0.0, steps, env.snapshot()))
-    # the best return; ties go to the earliest (shortest) ending
-    reward, steps, final = max(endings, key=lambda e: e[0] - cfg.step_cost * len(e[1]))
-    env.restore(final)
-    achieved = env.describe_achieved()
+        return Ending(node.reward, steps, node.snapshot)
+    endings: list[Ending] = []
+    for depth in range(node.depth, cfg.max_depth):
+        if cfg.finish:
+            endings += [Ending(s.reward, [*steps, s], snap) for s, snap in finishing_steps(env)]
+            if any(e.reward >= SUCCESS for e in endings):
+                break  # nothing later does better
+        seed = stable_seed(cfg.seed, tree.task.id, sim, "rollout", depth)
+        (text,) = yield Sample(tree.task, tree.root.observation, steps,
+                               [cfg.rollout_temperature], seed, env.action_tools())
+        steps.append(make_step(text, *env.act(text)))
+        if steps[-1].done:
+            break
+    endings.append(Ending(steps[-1].reward if steps[-1].done else 0.0, steps, env.snapshot()))
+    return max(endings, key=lambda e: e.reward - cfg.step_cost * len(e.steps))
 
-    # 4. backup
-    ret = reward - cfg.step_cost * len(steps)
+
+def backpropagate(tree: Tree, node: Node, env: Env, ending: Ending, cfg: SearchConfig,
+                  sim: int, new_nodes: list[int]) -> SimulationResult:
+    """Backup: the ending's return (its reward less step costs) joins the running mean of every
+    node from the root to `node`, and the tree counts one more simulation."""
+    env.restore(ending.snapshot)
+    ret = ending.reward - cfg.step_cost * len(ending.steps)
     path = tree.path(node)
     backup(path, ret)
     tree.simulations_done += 1
+    task = tree.task
     trajectory = Trajectory(task_id=task.id, env=task.env, instruction=task.instruction,
-                            first_observation=first_obs, steps=steps, reward=reward,
-                            achieved=achieved)
+                            first_observation=tree.root.observation, steps=ending.steps,
+                            reward=ending.reward, achieved=env.describe_achieved())
     return SimulationResult(sim, trajectory, ret, new_nodes, [n.id for n in path])
 
 

@@ -30,9 +30,9 @@ from offline_agent.search.mcts import (
     Sample,
     SimulationResult,
     Tree,
-    sample_seed,
     simulate,
 )
+from offline_agent.seeding import stable_seed
 
 Commit = Callable[[list[tuple[Tree, SimulationResult]]], None]
 
@@ -143,7 +143,7 @@ class Searcher:
             prompts = {i: sample_prompt(self.policy, self.probe, requests[i]) for i, _ in rows}
             sampling = Sampling(max_new_tokens=self.max_tokens, stop=self.stop,
                                 temperature=[requests[i].temperatures[j] for i, j in rows],
-                                seed=[sample_seed(requests[i].seed, j) for i, j in rows],
+                                seed=[stable_seed(requests[i].seed, j) for i, j in rows],
                                 tools=[requests[i].tools for i, _ in rows])
             completions = self.policy.sample([prompts[i] for i, _ in rows], 1, sampling)
             for (i, _), (completion,) in zip(rows, completions):

@@ -10,12 +10,19 @@ marked done is never searched again.
 
 from __future__ import annotations
 
+import os
+import signal
+
 from offline_agent.envs.base import Env
 from offline_agent.search.mcts import Node, SimulationResult, Tree
 from offline_agent.types import Task, ToolCall, step_to_dict
 from pipelines.config import make_env
 from pipelines.runner import StageContext
 from storage import Store, make_node_id, rollout_traj_id, split_node_id
+
+# Crash tests: the process SIGKILLs itself right after this many commits, so a test kills a
+# real run at a known point instead of racing a clock (unset or 0: never).
+KILL_AFTER = "OFFLINE_AGENT_SEARCH_KILL_AFTER_COMMIT"
 
 
 def node_row(tree_id: int, node: Node) -> dict:
@@ -71,6 +78,7 @@ class TreeWriter:
     def __init__(self, store: Store, stage: str, tree_ids: dict[str, int], simulations: int):
         self.store, self.stage, self.tree_ids, self.simulations = store, stage, tree_ids, simulations
         self.best: dict[str, float] = {}
+        self.commits, self.kill_after = 0, int(os.environ.get(KILL_AFTER, "0"))
 
     def create(self, trees: list[Tree]) -> None:
         """Store new trees with their root nodes."""
@@ -107,6 +115,9 @@ class TreeWriter:
             self.store.update_nodes(updates)
             self.store.insert_trajectories(trajectories, self.stage)
             self.store.upsert_trees([self._tree_row(t) for t in trees.values()], self.stage)
+        self.commits += 1
+        if self.commits == self.kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _tree_row(self, tree: Tree) -> dict:
         row = {
