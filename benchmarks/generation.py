@@ -34,6 +34,7 @@ import torch
 
 from offline_agent.policy import DEFAULT_MODEL, Sampling, load_policy
 from offline_agent.policy import hf as hf_backend
+from offline_agent.policy.base import encode_prompt
 from offline_agent.policy.prefix_cache import PrefixCache
 
 TOOLS = [
@@ -130,8 +131,8 @@ def main():
     policy = load_policy(DEFAULT_MODEL)
     tok = policy.tokenizer
     prompts = agent_prompts(tok)
-    lengths = [len(hf_backend.encode_prompt(tok, p)) for p in prompts]
-    shared = hf_backend._common_prefix([hf_backend.encode_prompt(tok, p) for p in prompts])
+    lengths = [len(encode_prompt(tok, p)) for p in prompts]
+    shared = hf_backend._common_prefix([encode_prompt(tok, p) for p in prompts])
     print(f"prompt tokens: {min(lengths)}-{max(lengths)}, shared prefix: {shared}, "
           f"max_new_tokens: {args.max_new_tokens}")
     sampling = Sampling(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=0)

@@ -37,7 +37,7 @@ import offline_agent.policy as policies  # noqa: E402
 from offline_agent.chat import encode_prompt_completion, render_prompt  # noqa: E402
 from offline_agent.envs.base import load_env  # noqa: E402
 from offline_agent.mining.build import Context, episode_messages, node_step, path_steps  # noqa: E402
-from offline_agent.policy.hf import encode_prompt  # noqa: E402
+from offline_agent.policy.base import encode_prompt  # noqa: E402
 from offline_agent.training.logprobs import messages  # noqa: E402
 from offline_agent.types import Message, step_from_dict  # noqa: E402
 from pipelines.config import RunConfig  # noqa: E402

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from offline_agent.envs.base import EnvStateError
-from pipelines.config import ConfigError, RunConfig, help_lines
+from pipelines.config import ConfigError, RunConfig, help_lines, make_env
 from pipelines.export import ExportError
 from pipelines.progress import ProgressError, read_progress
 from pipelines.runner import RunError
@@ -224,13 +224,12 @@ def _new_dirs(path: Path) -> list[Path]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from offline_agent.envs.base import load_env
     from pipelines.export import export, push
 
     if args.out and args.out.exists() and any(args.out.iterdir()):
         raise FileExistsError(f"{args.out} exists and is not empty; export into a new folder")
     cfg = RunConfig.load(args.run_dir / "config.yaml")
-    env = load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
+    env = make_env(cfg)
     out = args.out or args.run_dir / "export"
     with Store(args.run_dir / "store.duckdb", read_only=True) as store:
         counts = export(store, out, env.tools, cfg.to_dict())

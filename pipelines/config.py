@@ -21,7 +21,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from offline_agent.envs.base import BUILTIN_ENVS
+from offline_agent.envs.base import BUILTIN_ENVS, Env, load_env
 from offline_agent.evaluation import EvalConfig
 from offline_agent.mining.config import MineConfig
 from offline_agent.policy.models import DEFAULT_MODEL
@@ -69,12 +69,10 @@ class ModelConfig:
     dtype: str = _f("auto", "auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
     max_batch: int = _f(32, "most sequences in one generate or forward call")
     adapter: str | None = _f(None, "LoRA adapter folder applied on top of the model; null: none")
-    prefix_cache_gb: float = _f(2.0, "memory for the KV of prompt prefixes seen before, so the "
-                                     "next step of an episode computes only its new tokens (hf "
-                                     "backend; vLLM keeps its own); 0 turns it off")
-    constrain: str = _f("none", "none: free text; tools: every policy reply is decoded under a "
-                                "grammar of one tool call valid for the env's tool schemas, "
-                                "narrowed per state by Env.action_tools (needs xgrammar)")
+    prefix_cache_gb: float = _f(2.0, "memory kept for the KV of prompt prefixes already computed "
+                                     "(hf backend; vLLM keeps its own); 0: off")
+    constrain: str = _f("none", "none: free text; tools: each reply is decoded under the grammar "
+                                "of one valid tool call (needs xgrammar; docs/environments.md)")
 
     def __post_init__(self):
         _choice("model", "backend", self.backend, ("hf", "vllm"))
@@ -160,6 +158,11 @@ class RunConfig:
         """Stable across processes and key order: sha256 of canonical JSON, 16 hex digits."""
         text = json.dumps(self.hashed(sections), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def make_env(cfg: RunConfig) -> Env:
+    """A fresh env of the run: what every stage and command that steps or reads tasks uses."""
+    return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
 
 
 def apply_override(data: dict, item: str) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.config import RunConfig, diff
+from pipelines.config import RunConfig, diff, make_env
 from pipelines.progress import Progress
 from storage import Store
 
@@ -38,7 +38,7 @@ def unsharded(cfg: RunConfig) -> str:
 class Stage:
     name: str
     sections: tuple[str, ...]  # config sections the results depend on (hashed)
-    fn: Callable[[StageContext], dict]  # does the work, calls ctx.finish(stats), returns stats
+    fn: Callable[[StageContext], dict]  # does the work, calls ctx.mark_done(stats), returns stats
     shard: Callable[[RunConfig], str] = unsharded  # 'i/n' for a stage split over machines
 
 
@@ -58,10 +58,10 @@ class StageContext:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def finish(self, stats: dict) -> None:
+    def mark_done(self, stats: dict) -> None:
         """Mark the stage done. Call it inside the transaction that commits the last outputs,
         so a crash leaves either both or neither."""
-        self.store.finish_stage(self.stage, self.shard, stats)
+        self.store.mark_stage_done(self.stage, self.shard, stats)
 
 
 def plan(stages: Sequence[Stage], until: str | None, only: str | None) -> list[Stage]:
@@ -139,8 +139,8 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
         raise
     seconds = time.perf_counter() - start
     if store.stage(stage.name, shard)["status"] != "done":
-        store.fail_stage(stage.name, shard, "returned without ctx.finish(stats)")
-        raise RuntimeError(f"stage {stage.name!r} returned without calling ctx.finish(stats) "
+        store.fail_stage(stage.name, shard, "returned without ctx.mark_done(stats)")
+        raise RuntimeError(f"stage {stage.name!r} returned without calling ctx.mark_done(stats) "
                            "in the transaction of its last outputs")
     progress.status("done")
     print(f"stage {label}: done in {seconds:.1f}s; stats: {stats}", flush=True)
@@ -178,11 +178,10 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
 def _convert_pickles(cfg: RunConfig, store: Store) -> None:
     """A store made before schema v5 holds pickled env snapshots; this is the user's own run,
     so they are read once here and re-stored as JSON data (merge never reads pickles)."""
-    from offline_agent.envs.base import load_env
     from pipelines.legacy_snapshots import convert_pickled_snapshots
 
     n = convert_pickled_snapshots(
-        store, lambda: load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs))
+        store, lambda: make_env(cfg))
     if n:
         print(f"store: {n} pickled env snapshots (made before schema v5) re-stored as JSON data",
               flush=True)

@@ -10,7 +10,7 @@ Conventions the Store relies on:
   `nodes` belong to their tree and are cleared with it;
 - JSON columns hold any JSON value and round-trip as Python objects;
 - ids are chosen by the writer and deterministic, so a resumed or sharded job never
-  duplicates a row: `nodes.node_id = tree_id * NODES_PER_TREE + local_id` (see Store).
+  duplicates a row: node and trajectory ids come from storage/ids.py.
 """
 
 from __future__ import annotations

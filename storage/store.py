@@ -4,7 +4,7 @@ Writes are batched: rows arrive as lists of dicts, become one Arrow table, and l
 single INSERT (or UPDATE ... FROM) inside a transaction; row-by-row autocommit is 20-40x
 slower (benchmarks/storage.py). Every write method is atomic on its own; wrap several in
 `with store.transaction():` to make them durable together, e.g. a stage's last outputs
-and `finish_stage` (the "done" mark) in one commit.
+and `mark_stage_done` (the "done" mark) in one commit.
 
 DuckDB lets one process open a file at a time, even read-only; a second gets
 StoreInUse("run is in use by PID ..."). A file that is not an offline-agent store (not DuckDB,
@@ -26,15 +26,6 @@ import pyarrow as pa
 
 from offline_agent.types import Task
 from storage.schema import MIGRATIONS, SCHEMA_VERSION
-
-NODES_PER_TREE = 1 << 24  # node ids are tree_id * NODES_PER_TREE + local id
-
-
-def make_node_id(tree_id: int, local_id: int) -> int:
-    """Deterministic node id: a resumed tree re-creates the same ids, shards never collide."""
-    if not 0 <= local_id < NODES_PER_TREE:
-        raise ValueError(f"local node id {local_id} out of range [0, {NODES_PER_TREE})")
-    return tree_id * NODES_PER_TREE + local_id
 
 
 class StoreError(RuntimeError):
@@ -316,7 +307,7 @@ class Store:
             [stage, shard, config_hash, json.dumps(config)],
         )
 
-    def finish_stage(self, stage: str, shard: str, stats: dict) -> None:
+    def mark_stage_done(self, stage: str, shard: str, stats: dict) -> None:
         """Mark a stage done; call it inside the transaction that commits its last outputs."""
         self._end_stage(stage, shard, "done", stats)
 

@@ -94,3 +94,31 @@ def test_yaml_round_trip_and_help():
 def test_default_yaml_loads():
     cfg = RunConfig.load(Path(__file__).parents[1] / "configs" / "default.yaml")
     assert cfg.model.device == "cpu" and cfg.env.name == "minishop"
+
+
+def test_help_strings_are_one_or_two_lines():
+    """A key's help says what it does; explanations and figures live in docs/."""
+    for line in help_lines():
+        text = line.split("  ", 2)[2]
+        assert len(text) <= 160, f"help too long ({len(text)} chars): {line.strip()}"
+
+
+def test_search_k_above_the_critic_limit_is_refused_at_load(tmp_path, capsys):
+    """The logprob critic names each action with one letter; a larger k is a config error
+    (naming the key and the limit) before any run directory or model exists."""
+    from offline_agent.search.critic import LABELS, MAX_ACTIONS
+    from pipelines.cli import main
+
+    assert MAX_ACTIONS == len(LABELS) == 16
+    assert RunConfig.load(None, [f"search.k={MAX_ACTIONS}"]).search.k == MAX_ACTIONS
+    with pytest.raises(ConfigError, match=r"search\.k is 17, but the logprob critic ranks at "
+                                          r"most 16 actions"):
+        RunConfig.load(None, ["search.k=17"])
+    # without the critic nothing ranks the children, so nothing limits k
+    assert RunConfig.load(None, ["search.k=17", "search.critic=none"]).search.k == 17
+    run_dir = tmp_path / "run"
+    config = Path(__file__).parents[1] / "configs" / "default.yaml"
+    assert main(["run", str(config), "--run-dir", str(run_dir), "--set", "search.k=40"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "search.k is 40" in err and "at most 16" in err
+    assert not run_dir.exists()

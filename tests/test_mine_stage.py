@@ -98,7 +98,7 @@ def scripted_search(ctx) -> dict:
                           "reward": reward, "success": reward >= 1.0})
         store.insert_trajectories(trajs, ctx.stage)
     with store.transaction():
-        ctx.finish({})
+        ctx.mark_done({})
     return {}
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from offline_agent.policy import Sampling, load_policy
-from offline_agent.policy.hf import HFPolicy, encode_prompt, finish
+from offline_agent.policy.base import encode_prompt, make_completion
+from offline_agent.policy.hf import HFPolicy
 
 GREEDY = Sampling(max_new_tokens=12, temperature=0)
 
@@ -187,13 +188,13 @@ def test_action_ids_at_a_stop_inside_a_token_and_at_eos(tokenizer):
     straddle = enc(" \n")
     assert len(straddle) == 1
     ids = enc("click[x]") + straddle + enc("more")
-    c = finish(tokenizer, ids, [-1.0] * len(ids), ["\n"], ended=False)
+    c = make_completion(tokenizer, ids, [-1.0] * len(ids), ["\n"], ended=False)
     assert c.text == "click[x] " and c.token_ids == enc("click[x]") + straddle
     assert c.action_ids == enc("click[x]") + enc(" ")
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     sampled = [*enc("b"), *enc("u"), *enc("y")]  # not the tokenizer's split of "buy"
     assert sampled != enc("buy")
-    c = finish(tokenizer, [*sampled, eos], [-1.0] * 4, ["\n"], ended=True)
+    c = make_completion(tokenizer, [*sampled, eos], [-1.0] * 4, ["\n"], ended=True)
     assert (c.text, c.token_ids, c.action_ids) == ("buy", [*sampled, eos], sampled)
 
 
@@ -299,59 +300,3 @@ def test_import_does_not_import_vllm():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
 
-
-def test_vllm_backend_sends_the_shared_grammar(tiny_model_dir, monkeypatch):
-    """VLLMPolicy against a fake vllm module: a row with tools carries the grammar text that
-    policy/grammar.py builds (the one the hf backend compiles), without stop strings; a free
-    row keeps its stop strings; completions say which were constrained."""
-    import sys
-    from types import ModuleType
-
-    from offline_agent.envs.base import load_env
-    from offline_agent.policy.grammar import prompt_grammars
-    from offline_agent.policy.vllm import VLLMPolicy
-
-    sent = []
-
-    class StructuredOutputsParams:
-        def __init__(self, grammar):
-            self.grammar = grammar
-
-    class LLM:
-        def __init__(self, **kwargs):
-            from transformers import AutoTokenizer
-
-            self.tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-
-        def generate(self, prompts, params, use_tqdm, lora_request):
-            sent.extend(params)
-            ids = self.tokenizer("buy", add_special_tokens=False).input_ids
-            ids = ids + [self.tokenizer.eos_token_id]
-            logprobs = [{t: SimpleNamespace(logprob=-0.5)} for t in ids]
-            out = SimpleNamespace(token_ids=ids, logprobs=logprobs, finish_reason="stop",
-                                  stop_reason=None)
-            return [SimpleNamespace(outputs=[out]) for _ in prompts]
-
-    vllm = ModuleType("vllm")
-    vllm.LLM, vllm.SamplingParams = LLM, lambda **kw: SimpleNamespace(**kw)
-    vllm.TokensPrompt = lambda prompt_token_ids: prompt_token_ids
-    sampling_params = ModuleType("vllm.sampling_params")
-    sampling_params.StructuredOutputsParams = StructuredOutputsParams
-    lora = ModuleType("vllm.lora")
-    request = ModuleType("vllm.lora.request")
-    request.LoRARequest = object
-    for name, module in {"vllm": vllm, "vllm.sampling_params": sampling_params,
-                         "vllm.lora": lora, "vllm.lora.request": request}.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-
-    policy = VLLMPolicy(tiny_model_dir, constrain="tools")
-    tools = load_env("minishop").tools
-    sampling = Sampling(max_new_tokens=48, stop=["\n"], tools=[tools, None], seed=1)
-    out = policy.sample(["a", "b"], 2, sampling)
-    grammar = prompt_grammars(sampling, 2)[0]
-    assert [p.structured_outputs and p.structured_outputs.grammar for p in sent] == \
-           [grammar.text, grammar.text, None, None]
-    assert [p.stop for p in sent] == [None, None, ["\n"], ["\n"]]
-    assert [c.constrained for cs in out for c in cs] == [True, True, False, False]
-    assert out[0][0].text == "buy" and out[0][0].finish_reason == "stop"

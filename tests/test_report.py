@@ -39,7 +39,7 @@ def fill(store: Store, training: bool = True) -> None:
     for stage, stats in (("tasks", {"test": N}), ("search", {"tasks_solved_by_search": 5,
                                                              "nodes_per_s": 0.6})):
         store.start_stage(stage, "", "h", {})
-        store.finish_stage(stage, "", stats)
+        store.mark_stage_done(stage, "", stats)
     store.insert_eval_episodes(episodes("base", set(range(0, N, 4)), invalid_every=5), "eval")
     if not training:
         return

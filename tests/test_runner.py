@@ -28,7 +28,7 @@ def counting_stages(calls: list[str], fail: set[str] = frozenset()) -> list[Stag
                 raise RuntimeError(f"{name} broke")
             with ctx.store.transaction():
                 ctx.store.set_checkpoint(name, ctx.shard, "ran", True)
-                ctx.finish({"calls": calls.count(name)})
+                ctx.mark_done({"calls": calls.count(name)})
             return {"calls": calls.count(name)}
 
         return fn
@@ -127,7 +127,7 @@ def test_force_clears_every_stage_whose_sections_changed(tmp_path):
 
 def test_stage_must_mark_itself_done(tmp_path):
     stage = Stage("lazy", (), lambda ctx: {"n": 1})
-    with pytest.raises(RuntimeError, match="without calling ctx.finish"):
+    with pytest.raises(RuntimeError, match="without calling ctx.mark_done"):
         run(fake_cfg(), tmp_path, [stage])
 
 
@@ -137,7 +137,7 @@ def test_outputs_and_done_mark_commit_together(tmp_path):
     def crashes(ctx):
         with ctx.store.transaction():
             ctx.store.insert_tasks([Task("x", "fake", "x")], stage=ctx.stage)
-            raise KeyboardInterrupt  # e.g. Ctrl-C before ctx.finish
+            raise KeyboardInterrupt  # e.g. Ctrl-C before ctx.mark_done
 
     with pytest.raises(KeyboardInterrupt):
         run(fake_cfg(), tmp_path, [Stage("tasks", (), crashes)])

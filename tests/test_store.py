@@ -44,7 +44,7 @@ def fill(store: Store, tree_ids=(0,), hash_="h1", tasks=("a", "b")) -> None:
     store.start_stage("tasks", "", hash_, {"env": {}})
     with store.transaction():
         store.insert_tasks([Task(t, "fake", f"do {t}") for t in tasks], stage="tasks")
-        store.finish_stage("tasks", "", {"train": len(tasks)})
+        store.mark_stage_done("tasks", "", {"train": len(tasks)})
     for t in tree_ids:
         store.upsert_trees([{"tree_id": t, "task_id": tasks[t], "status": "done",
                              "simulations_done": 2, "best_reward": 1.0}], stage="search")
@@ -135,12 +135,12 @@ def test_transaction_is_all_or_nothing(tmp_path):
         s.start_stage("search", "", "h", {})
         with pytest.raises(RuntimeError, match="boom"), s.transaction():
             s.insert_nodes(nodes(0, 3))
-            s.finish_stage("search", "", {"n": 3})
+            s.mark_stage_done("search", "", {"n": 3})
             raise RuntimeError("boom")
         assert s.load_tree(0) == [] and s.stage("search")["status"] == "running"
         with s.transaction():
             s.insert_nodes(nodes(0, 3))
-            s.finish_stage("search", "", {"n": 3})
+            s.mark_stage_done("search", "", {"n": 3})
         assert len(s.load_tree(0)) == 3 and s.stage("search")["stats"] == {"n": 3}
 
 

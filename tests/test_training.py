@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from offline_agent.chat import render_prompt
-from offline_agent.policy.hf import encode_prompt
+from offline_agent.policy.base import encode_prompt
 from offline_agent.training.config import TrainConfig
 from offline_agent.training.logprobs import (
     encode_example,

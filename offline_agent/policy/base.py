@@ -1,13 +1,20 @@
 """The policy backend contract: sample completions for rendered prompts, score continuations.
 
 Prompts are strings already rendered with the tokenizer's chat template (see
-offline_agent.chat), so every backend sees exactly the same text.
+offline_agent.chat), so every backend sees exactly the same text. The helpers below are the
+backend-neutral part of a sample call (prompt ids, per-row seeds and temperatures, the
+Completion built from generated ids), shared so the backends agree and none imports another.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from offline_agent.seeding import stable_seed
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -69,3 +76,94 @@ class Policy(Protocol):
     def choice_logprobs(self, prompts: list[str], choices: list[list[str]]) -> list[list[float]]:
         """score() for many prompts at once: [[log p(c | prompt) for c in cs] for each prompt]."""
         ...
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """Ids of a prompt already rendered with the chat template. Templates write their own BOS,
+    so special tokens are not added again. BOS is prepended only where the tokenizer itself
+    would add one and the text lacks it."""
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    bos = tokenizer.bos_token_id
+    if bos is not None and tokenizer("").input_ids[:1] == [bos] and ids[:1] != [bos]:
+        ids = [bos] + ids
+    if not ids:
+        raise ValueError("empty prompt: there is nothing to condition on")
+    return ids
+
+
+def make_completion(tokenizer, ids: list[int], logprobs: list[float], stop: list[str],
+                    ended: bool) -> Completion:
+    """The Completion for generated `ids`, built the same by every backend. `ended`: the last
+    id is eos.
+
+    A final eos token is kept in token_ids/logprobs (the policy chose to end its turn, and the
+    action mask trains that token) but is not decoded into the text. With a stop string, the
+    text is cut before it, and ids/logprobs are cut to the fewest tokens whose decoding starts
+    with that text. When the stop string begins inside a token, that token is kept.
+    `action_ids` are the ids training uses for the action: they decode to exactly the text.
+    """
+    content = ids[:-1] if ended else ids
+    text = tokenizer.decode(content, clean_up_tokenization_spaces=False)
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    if cut < 0:
+        return Completion(text, ids, logprobs, "stop" if ended else "length", action_ids=content)
+    text = text[:cut]
+    k = next(
+        k for k in range(len(ids) + 1)
+        if tokenizer.decode(ids[:k], clean_up_tokenization_spaces=False).startswith(text)
+    )
+    return Completion(text, ids[:k], logprobs[:k], "stop",
+                      action_ids=exact_ids(tokenizer, ids[:k], text))
+
+
+def exact_ids(tokenizer, ids: list[int], text: str) -> list[int] | None:
+    """Ids that decode to exactly `text`, a prefix of what `ids` decode to: the longest run of
+    whole generated tokens inside `text`, then the tokenizer's own ids of the rest (the part of
+    the token in which a stop string began). None if no such ids exist."""
+    for j in range(len(ids), -1, -1):
+        head = tokenizer.decode(ids[:j], clean_up_tokenization_spaces=False)
+        if text.startswith(head):
+            rest = text[len(head):]
+            out = ids[:j] + (tokenizer(rest, add_special_tokens=False).input_ids if rest else [])
+            if tokenizer.decode(out, clean_up_tokenization_spaces=False) == text:
+                return out
+    return None
+
+
+def row_seed(seed: int, row: int) -> int:
+    """The seed of row `row` (prompt i, sample j -> row i*n + j) in a call seeded with `seed`."""
+    return stable_seed(seed, row)
+
+
+def row_seeds(seed: int | list[int] | None, num_prompts: int, n: int,
+              rng: torch.Generator) -> list[int]:
+    """Seeds of all rows of a call: from the call's seed, from each prompt's own seed, or
+    (seed None) from a call seed drawn from the backend's `rng`."""
+    if seed is None:
+        import torch  # here, not at the top: importing the contract stays light (config, --help)
+
+        seed = int(torch.randint(2**62, (), generator=rng))
+    if isinstance(seed, int):
+        return [row_seed(seed, r) for r in range(num_prompts * n)]
+    if len(seed) != num_prompts:
+        raise ValueError(f"{len(seed)} seeds for {num_prompts} prompts")
+    return [row_seed(s, j) for s in seed for j in range(n)]
+
+
+def row_temperatures(temperature: float | list[float], num_prompts: int, n: int) -> list[float]:
+    """Temperature of each row of a call: the call's, or each prompt's own."""
+    if isinstance(temperature, (int, float)):
+        return [float(temperature)] * (num_prompts * n)
+    if len(temperature) != num_prompts:
+        raise ValueError(f"{len(temperature)} temperatures for {num_prompts} prompts")
+    return [float(t) for t in temperature for _ in range(n)]
+
+
+def call_rows(tokenizer, prompts: list[str], n: int, sampling: Sampling, rng: torch.Generator
+              ) -> tuple[list[list[int]], list[int], list[float]]:
+    """The rows of a sample call (prompt i, sample j -> row i*n + j), as every backend runs them:
+    each row's prompt ids, seed and temperature."""
+    ids = [encode_prompt(tokenizer, p) for p in prompts]
+    rows = [ids[i] for i in range(len(prompts)) for _ in range(n)]
+    return (rows, row_seeds(sampling.seed, len(prompts), n, rng),
+            row_temperatures(sampling.temperature, len(prompts), n))

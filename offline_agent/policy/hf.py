@@ -27,100 +27,13 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from .base import Completion, Sampling
+from .base import Completion, Sampling, call_rows, encode_prompt, make_completion
 from .grammar import CallGrammar, prompt_grammars
 from .kv_buffer import HEADROOM, new_cache
 from .models import resolve_model
 from .prefix_cache import PrefixCache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def encode_prompt(tokenizer, text: str) -> list[int]:
-    """Ids of a prompt already rendered with the chat template. Templates write their own BOS,
-    so special tokens are not added again. BOS is prepended only where the tokenizer itself
-    would add one and the text lacks it."""
-    ids = tokenizer(text, add_special_tokens=False).input_ids
-    bos = tokenizer.bos_token_id
-    if bos is not None and tokenizer("").input_ids[:1] == [bos] and ids[:1] != [bos]:
-        ids = [bos] + ids
-    if not ids:
-        raise ValueError("empty prompt: there is nothing to condition on")
-    return ids
-
-
-def finish(tokenizer, ids: list[int], logprobs: list[float], stop: list[str], ended: bool):
-    """The Completion for generated `ids`, shared by every backend. `ended`: the last id is eos.
-
-    A final eos token is kept in token_ids/logprobs (the policy chose to end its turn, and the
-    action mask trains that token) but is not decoded into the text. With a stop string, the
-    text is cut before it, and ids/logprobs are cut to the fewest tokens whose decoding starts
-    with that text. When the stop string begins inside a token, that token is kept.
-    `action_ids` are the ids training uses for the action: they decode to exactly the text.
-    """
-    content = ids[:-1] if ended else ids
-    text = tokenizer.decode(content, clean_up_tokenization_spaces=False)
-    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
-    if cut < 0:
-        return Completion(text, ids, logprobs, "stop" if ended else "length", action_ids=content)
-    text = text[:cut]
-    k = next(
-        k for k in range(len(ids) + 1)
-        if tokenizer.decode(ids[:k], clean_up_tokenization_spaces=False).startswith(text)
-    )
-    return Completion(text, ids[:k], logprobs[:k], "stop",
-                      action_ids=exact_ids(tokenizer, ids[:k], text))
-
-
-def exact_ids(tokenizer, ids: list[int], text: str) -> list[int] | None:
-    """Ids that decode to exactly `text`, a prefix of what `ids` decode to: the longest run of
-    whole generated tokens inside `text`, then the tokenizer's own ids of the rest (the part of
-    the token in which a stop string began). None if no such ids exist."""
-    for j in range(len(ids), -1, -1):
-        head = tokenizer.decode(ids[:j], clean_up_tokenization_spaces=False)
-        if text.startswith(head):
-            rest = text[len(head):]
-            out = ids[:j] + (tokenizer(rest, add_special_tokens=False).input_ids if rest else [])
-            if tokenizer.decode(out, clean_up_tokenization_spaces=False) == text:
-                return out
-    return None
-
-
-def row_seed(seed: int, row: int) -> int:
-    """The seed of row `row` (prompt i, sample j -> row i*n + j) in a call seeded with `seed`."""
-    return hash((seed, row)) & (2**63 - 1)  # CPython hashes int tuples the same in every run
-
-
-def row_seeds(seed: int | list[int] | None, num_prompts: int, n: int,
-              rng: torch.Generator) -> list[int]:
-    """Seeds of all rows of a call: from the call's seed, from each prompt's own seed, or
-    (seed None) from a call seed drawn from the backend's `rng`."""
-    if seed is None:
-        seed = int(torch.randint(2**62, (), generator=rng))
-    if isinstance(seed, int):
-        return [row_seed(seed, r) for r in range(num_prompts * n)]
-    if len(seed) != num_prompts:
-        raise ValueError(f"{len(seed)} seeds for {num_prompts} prompts")
-    return [row_seed(s, j) for s in seed for j in range(n)]
-
-
-def row_temperatures(temperature: float | list[float], num_prompts: int, n: int) -> list[float]:
-    """Temperature of each row of a call: the call's, or each prompt's own."""
-    if isinstance(temperature, (int, float)):
-        return [float(temperature)] * (num_prompts * n)
-    if len(temperature) != num_prompts:
-        raise ValueError(f"{len(temperature)} temperatures for {num_prompts} prompts")
-    return [float(t) for t in temperature for _ in range(n)]
-
-
-def call_rows(tokenizer, prompts: list[str], n: int, sampling: Sampling, rng: torch.Generator
-              ) -> tuple[list[list[int]], list[int], list[float]]:
-    """The rows of a sample call (prompt i, sample j -> row i*n + j), as every backend runs them:
-    each row's prompt ids, seed and temperature."""
-    ids = [encode_prompt(tokenizer, p) for p in prompts]
-    rows = [ids[i] for i in range(len(prompts)) for _ in range(n)]
-    return (rows, row_seeds(sampling.seed, len(prompts), n, rng),
-            row_temperatures(sampling.temperature, len(prompts), n))
 
 
 def _common_prefix(seqs: list[list[int]]) -> int:
@@ -282,7 +195,7 @@ class HFPolicy:
 
     def _finish(self, ids: list[int], logprobs: list[float], stop: list[str], constrained: bool):
         """A constrained reply ends with its call: stop strings do not cut it."""
-        completion = finish(self.tokenizer, ids, logprobs, [] if constrained else stop,
+        completion = make_completion(self.tokenizer, ids, logprobs, [] if constrained else stop,
                             bool(ids) and ids[-1] in self.eos)
         completion.constrained = constrained
         return completion

@@ -1,10 +1,10 @@
 """vLLM backend (GPU): the same contract as HFPolicy, with vLLM's automatic prefix caching.
 
-Each (prompt, sample) row is its own request. It carries the hf backend's row seed, so a sample
-depends on (seed, row) only, whatever vLLM batches it with. Prefix caching makes the repeated
-prompt and the shared system prompt nearly free. Prompts go in as token ids (encode_prompt),
-so BOS is never doubled. The Completion is rebuilt from the returned ids by the hf backend's
-`finish`, so both backends cut stop strings and keep eos the same way.
+Each (prompt, sample) row is its own request. It carries the row seed the hf backend uses
+(base.row_seeds), so a sample depends on (seed, row) only, whatever vLLM batches it with.
+Prefix caching makes the repeated prompt and the shared system prompt nearly free. Prompts go in as token ids (encode_prompt),
+so BOS is never doubled. The Completion is rebuilt from the returned ids by
+`base.make_completion`, so both backends cut stop strings and keep eos the same way.
 
 Needs vLLM's V1 engine (>= 0.10.2) for `logprobs_mode="raw_logprobs"`. With it, the sampled
 tokens' log-probs come from the raw model, before temperature, top-p and any grammar mask, as
@@ -20,12 +20,20 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from .base import Completion, Sampling
+from .base import Completion, Sampling, call_rows, encode_prompt, make_completion
 from .grammar import CallGrammar, prompt_grammars
-from .hf import call_rows, encode_prompt, finish
 from .models import resolve_model
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # values vLLM accepts for max_lora_rank
+
+
+def max_lora_rank(adapter: str) -> int:
+    """The smallest max_lora_rank vLLM accepts that serves this adapter's rank."""
+    rank = json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]
+    if rank > LORA_RANKS[-1]:
+        raise ValueError(f"adapter {adapter} has LoRA rank {rank}; vLLM serves rank at most "
+                         f"{LORA_RANKS[-1]}")
+    return next(r for r in LORA_RANKS if r >= rank)
 
 
 class VLLMPolicy:
@@ -48,8 +56,7 @@ class VLLMPolicy:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         lora, self._lora = {}, None
         if adapter:
-            rank = json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]
-            lora = {"enable_lora": True, "max_lora_rank": next(r for r in LORA_RANKS if r >= rank)}
+            lora = {"enable_lora": True, "max_lora_rank": max_lora_rank(adapter)}
             self._lora = LoRARequest("adapter", 1, str(Path(adapter).resolve()))
         self.llm = vllm.LLM(
             model=path,
@@ -83,8 +90,8 @@ class VLLMPolicy:
             # finish_reason "stop" with no stop string means eos (or a stop token id) ended it
             ended = o.finish_reason == "stop" and not isinstance(o.stop_reason, str)
             constrained = grammars[len(out)] is not None
-            out.append(finish(self.tokenizer, list(o.token_ids), logprobs,
-                              [] if constrained else sampling.stop, ended))
+            out.append(make_completion(self.tokenizer, list(o.token_ids), logprobs,
+                                       [] if constrained else sampling.stop, ended))
             out[-1].constrained = constrained
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 

@@ -14,15 +14,10 @@ class SearchConfig:
     simulations: int = _f(8, "MCTS simulations per task (select, expand, rollout, backup)")
     k: int = _f(4, "children of an expanded node: the first k distinct proposals, valid ones "
                    "first, at most one invalid")
-    oversample: int = _f(2, "an expansion samples k*oversample actions (the greedy one first); "
-                            "duplicates merge and invalid ones go last, so extra draws buy "
-                            "distinct valid children")
-    listed: int = _f(2, "children an expansion takes from the env's available actions "
-                        "(Env.available_actions) that no sample proposed: with finish, those "
-                        "with the best ending one step on first, else (and on ties) the tops "
-                        "of two rankings in turn (the task's PMI, the policy's log-prob); a "
-                        "step the policy rarely samples (a MiniShop option click) can still be "
-                        "searched; 0: sampled proposals only")
+    oversample: int = _f(2, "an expansion samples k*oversample actions (the greedy one first), "
+                            "so duplicates and invalid draws still leave k distinct children")
+    listed: int = _f(2, "children an expansion takes from Env.available_actions that no sample "
+                        "proposed (docs/architecture.md); 0: sampled proposals only")
     c: float = _f(1.0, "exploration constant in UCB1 / PUCT")
     selection: str = _f("ucb1", "ucb1 (Agent Q eq. 7) or puct (critic score as prior)")
     max_depth: int = _f(8, "deepest node (agent steps) a tree or rollout may reach")
@@ -32,12 +27,8 @@ class SearchConfig:
     rollout_temperature: float = _f(0.7, "sampling temperature for rollouts to a terminal state")
     alpha: float = _f(0.5, "MCTS weight in the value alpha*Q_mcts + (1-alpha)*Q_critic "
                            "(Agent Q eq. 10) that selection and mining use")
-    finish: bool = _f(True, "try the env's listed actions that end the episode (MiniShop's "
-                            "buy) on a snapshot, env steps with no model call: a rollout "
-                            "returns the best ending it passed (a policy that reaches the "
-                            "right state but does not end there still scores it), and a new "
-                            "child is worth its best ending one step on until visited; off "
-                            "where ending is costly or cannot be undone")
+    finish: bool = _f(True, "try the listed actions that end the episode on snapshots, without "
+                            "model calls (docs/architecture.md); off where ending is costly")
     step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")
     critic: str = _f("logprob", "logprob: one batched scoring of choice labels; none: uniform")
     trees_per_batch: int = _f(16, "trees advanced together; one generate call serves them all")
@@ -59,6 +50,14 @@ class SearchConfig:
         for name in ("simulations", "k", "oversample", "max_depth", "trees_per_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"search.{name} must be >= 1")
+        if self.critic == "logprob":
+            # imported here: critic.py imports the search modules that import this one
+            from offline_agent.search.critic import MAX_ACTIONS
+
+            if self.k > MAX_ACTIONS:
+                raise ValueError(f"search.k is {self.k}, but the logprob critic ranks at most "
+                                 f"{MAX_ACTIONS} actions (one letter each); lower search.k or "
+                                 "set search.critic: none")
 
     @property
     def shard_index(self) -> tuple[int, int]:

@@ -31,6 +31,7 @@ from offline_agent.search.mcts import Critique
 from offline_agent.types import Message
 
 LABELS = "ABCDEFGHIJKLMNOP"
+MAX_ACTIONS = len(LABELS)  # one choice label per action: SearchConfig refuses a larger search.k
 
 
 def critique_messages(request: Critique, order: list[int], system: str,
@@ -69,8 +70,8 @@ class Critic:
         prompts, choices = [], []
         for req in requests:
             n = len(req.actions)
-            if n > len(LABELS):
-                raise ValueError(f"the critic ranks at most {len(LABELS)} actions, got {n}")
+            if n > MAX_ACTIONS:
+                raise ValueError(f"the critic ranks at most {MAX_ACTIONS} actions, got {n}")
             for shift in range(n):
                 messages = critique_messages(req, shifted(n, shift), self.system, self.demo)
                 prompts.append(render_prompt(self.policy.tokenizer, messages))

@@ -16,12 +16,10 @@ def _f(default, help: str):
 class TrainConfig:
     policies: list[str] = field(
         default_factory=lambda: ["rft", "dpo_outcome", "dpo_step"],
-        metadata={"help": "policies to train: rft (masked SFT on the RFT set), dpo_outcome "
-                          "(trajectory pairs), dpo_step (Agent Q step pairs), dpo_step_outcome "
-                          "(step and trajectory pairs together)"})
+        metadata={"help": "policies to train, of rft, dpo_outcome, dpo_step, dpo_step_outcome "
+                          "(docs/training.md)"})
     iterate: str | None = _f(None, "with run.iterations > 1: the policy whose final adapter the "
-                                   "next round searches with and trains on top of; null: the "
-                                   "last of train.policies")
+                                   "next round searches with; null: the last of train.policies")
     loss: str = _f("sigmoid", "DPO loss: sigmoid (DPO), ipo, or rpo (DPO + rpo_alpha * NLL of "
                               "the chosen actions)")
     beta: float = _f(0.1, "DPO temperature: how far the policy may move from the reference")
@@ -33,8 +31,7 @@ class TrainConfig:
     max_steps: int = _f(0, "stop after this many optimizer steps; 0: epochs decide")
     batch_size: int = _f(8, "pairs (RFT: examples) per optimizer step")
     pack_tokens: int = _f(3072, "most tokens in one forward: a step's sequences are packed into "
-                                "prefix tries (a shared prefix is computed once) of at most this "
-                                "many tokens, gradients accumulated over the forwards")
+                                "prefix tries of at most this size, gradients accumulated")
     max_pairs: int = _f(0, "cap on a policy's pairs (RFT: examples), a seeded sample; 0: all")
     lora_r: int = _f(16, "LoRA rank")
     lora_alpha: int = _f(32, "LoRA scaling numerator (scale = alpha / r)")

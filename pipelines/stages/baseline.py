@@ -7,11 +7,11 @@ episode is committed as it ends, so a crash or a merged set of shards redoes not
 
 from __future__ import annotations
 
-from offline_agent.types import Trajectory, step_to_dict
+from offline_agent.rollout import summarize
+from offline_agent.types import Task, Trajectory, step_from_dict, step_to_dict
+from pipelines.config import make_env
 from pipelines.runner import StageContext
-from pipelines.stages.search import TRAJS_PER_TREE
-
-GREEDY_SLOT = TRAJS_PER_TREE - 1  # trajectory id offset of a task's greedy episode
+from storage import greedy_traj_id
 
 
 def run_baseline(ctx: StageContext) -> dict:
@@ -22,7 +22,6 @@ def run_baseline(ctx: StageContext) -> dict:
     have = store.trajectory_tasks("greedy")
     todo = [t for t in tasks if t.id not in have]
     if todo:
-        from offline_agent.envs.base import load_env
         from offline_agent.policy import load_policy
         from offline_agent.rollout import run_episodes
 
@@ -32,7 +31,7 @@ def run_baseline(ctx: StageContext) -> dict:
         def on_done(t: Trajectory) -> None:
             nonlocal done
             store.insert_trajectories([{
-                "traj_id": index[t.task_id] * TRAJS_PER_TREE + GREEDY_SLOT,
+                "traj_id": greedy_traj_id(index[t.task_id]),
                 "task_id": t.task_id, "source": "greedy",
                 "steps": [step_to_dict(s) for s in t.steps], "reward": t.reward,
                 "success": t.success, "achieved": t.achieved,
@@ -40,18 +39,20 @@ def run_baseline(ctx: StageContext) -> dict:
             done += 1
             ctx.progress.update(episodes_done=done, episodes=len(tasks))
 
-        run_episodes(policy, lambda: load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs),
-                     todo, temperature=0.0, seed=cfg.run.seed, batch_size=cfg.model.max_batch,
-                     on_done=on_done)
-    wanted = {t.id for t in tasks}
-    rows = [r for r in store.trajectories("greedy") if r["task_id"] in wanted]
-    steps = [s for r in rows for s in r["steps"]]
-    stats = {
-        "greedy_episodes": len(rows),
-        "greedy_success_rate": round(sum(r["success"] for r in rows) / max(len(rows), 1), 4),
-        "greedy_mean_reward": round(sum(r["reward"] for r in rows) / max(len(rows), 1), 4),
-        "greedy_invalid_rate": round(sum(s["invalid"] for s in steps) / max(len(steps), 1), 4),
-    }
+        run_episodes(policy, lambda: make_env(cfg), todo, temperature=0.0, seed=cfg.run.seed,
+                     batch_size=cfg.model.max_batch, on_done=on_done)
+    wanted = {t.id: t for t in tasks}
+    stored = [stored_trajectory(r, wanted[r["task_id"]]) for r in store.trajectories("greedy")
+              if r["task_id"] in wanted]
+    stats = {f"greedy_{k}": round(v, 4) for k, v in summarize(stored).items()}
     with store.transaction():
-        ctx.finish(stats)
+        ctx.mark_done(stats)
     return stats
+
+
+def stored_trajectory(row: dict, task: Task) -> Trajectory:
+    """A stored episode as a Trajectory, for `summarize` (which reads steps and reward; the
+    first observation is not stored)."""
+    return Trajectory(task_id=task.id, env=task.env, instruction=task.instruction,
+                      first_observation="", steps=[step_from_dict(s) for s in row["steps"]],
+                      reward=row["reward"], achieved=row["achieved"])

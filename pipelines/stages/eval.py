@@ -16,6 +16,7 @@ from pathlib import Path
 
 from offline_agent.evaluation import Episode, episode_row, greedy_episodes, summarize
 from offline_agent.types import Trajectory
+from pipelines.config import make_env
 from pipelines.runner import StageContext
 from pipelines.stages.rounds import round_model, round_name, round_of
 
@@ -66,22 +67,21 @@ def run_eval(ctx: StageContext) -> dict:
                             cfg.eval)
         stats[name] = {k: summary[k] for k in ("n_tasks", "success_rate", "ci95", "mean_reward")}
     with store.transaction():
-        ctx.finish(stats)
+        ctx.mark_done(stats)
     return stats
 
 
 def _play(ctx: StageContext, model, adapter: str | None, tasks, on_done) -> None:
     """Load one policy (`adapter` on `model`), play its tasks, free it before the next
     policy loads."""
-    from offline_agent.envs.base import load_env
     from offline_agent.policy import load_policy
 
     cfg = ctx.cfg
     policy = load_policy(**{**vars(model), "adapter": adapter or model.adapter},
                          seed=cfg.run.seed)
     try:
-        greedy_episodes(policy, lambda: load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs),
-                        tasks, batch_size=cfg.model.max_batch, on_done=on_done)
+        greedy_episodes(policy, lambda: make_env(cfg), tasks, batch_size=cfg.model.max_batch,
+                        on_done=on_done)
     finally:
         del policy
         gc.collect()

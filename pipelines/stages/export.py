@@ -6,19 +6,19 @@ pushes it; see pipelines/export.py for the layout.
 
 from __future__ import annotations
 
-from offline_agent.envs.base import load_env
+from pipelines.config import make_env
 from pipelines.export import export
 from pipelines.runner import StageContext
 
 
 def run_export(ctx: StageContext) -> dict:
     cfg = ctx.cfg
-    env = load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
+    env = make_env(cfg)
     out = ctx.run_dir / "export"
     counts = export(ctx.store, out, env.tools, cfg.to_dict())
     print(f"dataset: {out}  rows: " + ", ".join(f"{c} {n}" for c, n in counts.items()),
           flush=True)
     stats = {"folder": str(out), **counts}
     with ctx.store.transaction():
-        ctx.finish(stats)
+        ctx.mark_done(stats)
     return stats

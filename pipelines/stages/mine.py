@@ -17,17 +17,16 @@ import statistics
 from collections import Counter
 from dataclasses import replace
 
-from offline_agent.envs.base import Env, load_env
 from offline_agent.mining.build import Context, episode_messages, step_pair_messages
 from offline_agent.mining.config import MineConfig
 from offline_agent.mining.hindsight import Relabel, relabel
 from offline_agent.mining.pairs import distinct_episodes, outcome_pairs
 from offline_agent.types import SUCCESS, Task, step_from_dict
+from pipelines.config import make_env
 from pipelines.runner import StageContext
 from pipelines.stages.rounds import round_name, round_of
-from storage import Store
+from storage import IDS_PER_ROUND, Store
 
-IDS_PER_ROUND = 1 << 32  # round k's pair and example ids start at (k - 1) * IDS_PER_ROUND
 
 
 def sources(k: int) -> list[tuple[str, str]]:
@@ -40,24 +39,21 @@ def run_mine(ctx: StageContext) -> dict:
     cfg, store = ctx.cfg, ctx.store
     search = round_name("search", round_of(ctx.stage))
 
-    def make_env() -> Env:
-        return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
-
-    env = make_env()
+    env = make_env(cfg)
     tasks = {t.id: t for t in store.tasks("train")}
     wrong = {t.env for t in tasks.values()} - {env.name}
     if wrong:
         raise ValueError(f"mine: the store holds tasks of env(s) {sorted(wrong)}, the config's "
                          f"env is {env.name!r}; mine each env's run on its own")
     context = Context(env.system_prompt(), env.demonstration())
-    firsts = {tid: make_env().reset(task) for tid, task in tasks.items()}
+    firsts = {tid: make_env(cfg).reset(task) for tid, task in tasks.items()}
     trajs = [t for src, stage in sources(round_of(ctx.stage))
              for t in store.trajectories(src, stage) if t["task_id"] in tasks]
 
     steps, stats = mine_step_pairs(store, cfg.mine, context, tasks, search)
     ctx.progress.update(step_pairs=len(steps))
     outcome = mine_outcome_pairs(trajs, cfg.mine, context, tasks, firsts)
-    relabels, hindsight_stats = mine_hindsight(trajs, cfg.mine, make_env, tasks)
+    relabels, hindsight_stats = mine_hindsight(trajs, cfg.mine, lambda: make_env(cfg), tasks)
     examples = rft_examples(trajs, context, tasks, firsts)
     examples += [hindsight_example(src, r, context) for src, r in relabels]
     pairs = steps + outcome
@@ -72,7 +68,7 @@ def run_mine(ctx: StageContext) -> dict:
     with store.transaction():
         store.insert_pairs(pairs, ctx.stage)
         store.insert_examples(examples, ctx.stage)
-        ctx.finish(stats)
+        ctx.mark_done(stats)
     return stats
 
 
@@ -145,7 +141,7 @@ def mine_outcome_pairs(trajs: list[dict], cfg: MineConfig, context: Context,
     return rows
 
 
-def mine_hindsight(trajs: list[dict], cfg: MineConfig, make_env,
+def mine_hindsight(trajs: list[dict], cfg: MineConfig, new_env,
                    tasks: dict[str, Task]) -> tuple[list[tuple[dict, Relabel]], dict]:
     """Verified relabels of the distinct failed episodes, one per (relabeled task, actions)."""
     if not cfg.hindsight:
@@ -154,7 +150,7 @@ def mine_hindsight(trajs: list[dict], cfg: MineConfig, make_env,
     kept, seen = [], set()
     for traj in distinct_episodes([t for t in trajs if t["reward"] < SUCCESS]):
         actions = [s["action"] for s in traj["steps"]]
-        result = relabel(make_env, tasks[traj["task_id"]], actions)
+        result = relabel(new_env, tasks[traj["task_id"]], actions)
         if isinstance(result, str):
             outcomes[result] += 1
             continue

@@ -27,7 +27,7 @@ def run_report(ctx: StageContext) -> dict:
     print(f"report: {path}", flush=True)
     stats = {"policies": len(report["policies"]), "html": str(path)}
     with ctx.store.transaction():
-        ctx.finish(stats)
+        ctx.mark_done(stats)
     return stats
 
 

@@ -16,15 +16,14 @@ import signal
 from offline_agent.envs.base import Env
 from offline_agent.search.mcts import Node, SimulationResult, Tree
 from offline_agent.types import Task, ToolCall, step_to_dict
+from pipelines.config import make_env
 from pipelines.runner import StageContext
 from pipelines.stages.rounds import make_iterate, round_model, round_of
-from storage import NODES_PER_TREE, Store, make_node_id
+from storage import TREES_PER_ROUND, Store, make_node_id, rollout_traj_id, split_node_id
 
-TRAJS_PER_TREE = 1 << 20  # trajectory ids are tree_id * TRAJS_PER_TREE + simulation
 # Crash tests: the process SIGKILLs itself right after this many commits, so a test kills a
 # real run at a known point instead of racing a clock (unset or 0: never).
 KILL_AFTER = "OFFLINE_AGENT_SEARCH_KILL_AFTER_COMMIT"
-TREES_PER_ROUND = 1 << 24  # round k's tree ids are (k - 1) * TREES_PER_ROUND + the task's idx
 
 
 def node_row(tree_id: int, node: Node) -> dict:
@@ -55,12 +54,12 @@ def tree_from_rows(task: Task, rows: list[dict], simulations_done: int) -> Tree:
     """Rebuild an in-memory tree from its stored nodes (ordered by id: parents first)."""
     nodes: list[Node] = []
     for r in rows:
-        local = r["node_id"] % NODES_PER_TREE
+        local = split_node_id(r["node_id"])[1]
         if local != len(nodes):
             raise ValueError(f"tree of {task.id}: node ids are not contiguous at {local}")
         if not r["snapshot"]:
             raise ValueError(f"tree of {task.id}: node {local} has no env snapshot")
-        parent = None if r["parent_id"] is None else r["parent_id"] % NODES_PER_TREE
+        parent = None if r["parent_id"] is None else split_node_id(r["parent_id"])[1]
         nodes.append(Node(
             id=local, parent=parent, depth=r["depth"], action=r["action"] or "",
             token_ids=r["token_ids"],
@@ -103,7 +102,7 @@ class TreeWriter:
                 touched[make_node_id(tid, i)] = (tid, tree.nodes[i])
             traj = result.trajectory
             trajectories.append({
-                "traj_id": tid * TRAJS_PER_TREE + result.simulation, "task_id": tree.task.id,
+                "traj_id": rollout_traj_id(tid, result.simulation), "task_id": tree.task.id,
                 "tree_id": tid, "source": "mcts_rollout", "simulation": result.simulation,
                 "steps": [step_to_dict(s) for s in traj.steps], "reward": traj.reward,
                 "success": traj.success, "achieved": traj.achieved,
@@ -155,7 +154,6 @@ def load_trees(store: Store, todo: list[Task], stored: dict[str, dict], tree_ids
 
 
 def run_search(ctx: StageContext) -> dict:
-    from offline_agent.envs.base import load_env
     from offline_agent.policy import load_policy
     from offline_agent.search.critic import Critic
     from offline_agent.search.searcher import Searcher
@@ -166,20 +164,17 @@ def run_search(ctx: StageContext) -> dict:
     tree_ids = round_tree_ids(store.task_index(), k)
     stored = {t["task_id"]: t for t in store.trees(ctx.stage)}
 
-    def make_env():
-        return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
-
     todo = [t for t in tasks if stored.get(t.id, {}).get("status") != "done"]
     stats: dict = {"trees": len(tasks), "trees_resumed": 0, "trees_skipped": len(tasks) - len(todo)}
     if k > 1:
         stats["iterate"] = make_iterate(ctx)  # before any tree: a resume reuses it
     if todo:
         writer = TreeWriter(store, ctx.stage, tree_ids, cfg.search.simulations)
-        trees, fresh = load_trees(store, todo, stored, tree_ids, make_env(), writer)
+        trees, fresh = load_trees(store, todo, stored, tree_ids, make_env(cfg), writer)
         stats["trees_resumed"] = len(trees) - len(fresh)
         model = round_model(cfg, store, ctx.run_dir, k)
         policy = load_policy(**vars(model), seed=cfg.run.seed)
-        critic = Critic(policy, make_env()) if cfg.search.critic == "logprob" else None
+        critic = Critic(policy, make_env(cfg)) if cfg.search.critic == "logprob" else None
         writer.create(fresh)
 
         def commit(finished):
@@ -189,12 +184,12 @@ def run_search(ctx: StageContext) -> dict:
                                 trees=len(trees), simulations_done=sum(t.simulations_done
                                                                        for t in trees))
 
-        searcher = Searcher(policy, make_env, cfg.search, critic)
+        searcher = Searcher(policy, lambda: make_env(cfg), cfg.search, critic)
         run_stats = searcher.run(trees, commit)
         stats.update({k: round(v, 3) for k, v in run_stats.items() if k != "tasks_solved"})
     stats.update(search_summary(store, [t.id for t in tasks], ctx.stage))
     with store.transaction():
-        ctx.finish(stats)
+        ctx.mark_done(stats)
     return stats
 
 

@@ -3,13 +3,13 @@ every shard) works on the same list, whatever the env does later."""
 
 from __future__ import annotations
 
-from offline_agent.envs.base import load_env
+from pipelines.config import make_env
 from pipelines.runner import StageContext
 
 
 def run_tasks(ctx: StageContext) -> dict:
     cfg = ctx.cfg.env
-    env = load_env(cfg.name, seed=ctx.cfg.run.seed, **cfg.kwargs)
+    env = make_env(ctx.cfg)
     train, test = env.tasks("train", cfg.train_tasks), env.tasks("test", cfg.test_tasks)
     ids = [t.id for t in train + test]
     if len(set(ids)) != len(ids):
@@ -23,5 +23,5 @@ def run_tasks(ctx: StageContext) -> dict:
     stats = {"env": env.name, "train": len(train), "test": len(test)}
     with ctx.store.transaction():
         ctx.store.insert_tasks(train + test, stage=ctx.stage)
-        ctx.finish(stats)
+        ctx.mark_done(stats)
     return stats

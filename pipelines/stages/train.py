@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from pipelines.config import make_env
 from pipelines.runner import StageContext
 from pipelines.stages.rounds import round_model, round_name, round_of
 
@@ -52,12 +53,11 @@ def run_train(ctx: StageContext) -> dict:
             final = _train_policy(ctx, policy, rows)
         stats[policy] = final
     with store.transaction():
-        ctx.finish(stats)
+        ctx.mark_done(stats)
     return stats
 
 
 def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
-    from offline_agent.envs.base import load_env
     from offline_agent.training.fit import fit_policy
 
     cfg, store = ctx.cfg, ctx.store
@@ -76,9 +76,8 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
                              {"step": step, "folder": _in_run(ctx, path)})
 
     model = round_model(cfg, store, ctx.run_dir, round_of(ctx.stage))
-    env = load_env(cfg.env.name, **cfg.env.kwargs)
     metrics = fit_policy(policy, rows, model.id, cfg.train, folder, adapter=model.adapter,
-                         prompt_messages=2 + len(env.demonstration()),
+                         prompt_messages=2 + len(make_env(cfg).demonstration()),
                          resume=str(ctx.run_dir / saved["folder"]) if saved else None,
                          on_metrics=on_metrics,
                          on_checkpoint=on_checkpoint)
