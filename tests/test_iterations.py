@@ -13,8 +13,7 @@ import pytest
 from pipelines.config import RunConfig
 from pipelines.runner import run
 from pipelines.stages import STAGES, pipeline
-from storage import TREES_PER_ROUND
-from storage import Store
+from storage import TREES_PER_ROUND, Store
 
 pytest.importorskip("xgrammar", reason="the tiny model's valid actions need xgrammar")
 

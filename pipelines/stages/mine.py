@@ -28,7 +28,6 @@ from pipelines.stages.rounds import round_name, round_of
 from storage import IDS_PER_ROUND, Store
 
 
-
 def sources(k: int) -> list[tuple[str, str]]:
     """(source, stage) of the stored episodes round k mines."""
     search = [("mcts_rollout", round_name("search", k))]
