@@ -147,6 +147,11 @@ def test_mine_stage_pairs_examples_and_stats(mined_run):
         assert p["chosen"][-1]["role"] == "tool" and p["chosen_q"] == 1.0
         assert {m["role"] for m in p["chosen"]} == {"assistant", "tool"}
         assert p["rejected_q"] < 1.0
+    for e in examples:  # the prompt (system, demonstration, task) is never trained on
+        first = e["info"]["prompt_messages"]
+        assert first == 2 + len(env.demonstration())
+        assert e["messages"][first - 1]["role"] == "user"
+        assert e["messages"][first]["role"] == "assistant"
     hindsight = [e for e in examples if e["kind"] == "hindsight"]
     assert all(e["task_id"] != e["info"]["source_task_id"] for e in hindsight)
     assert all(e["messages"][-2]["content"] == "buy" for e in hindsight)

@@ -198,8 +198,8 @@ def test_gradient_is_exactly_zero_on_every_masked_token(tiny_model_dir, tokenize
             return dpo_loss(lp[0::2], lp[1::2], ref[0::2], ref[1::2], beta=0.1).losses.sum()
     else:
         pair = trajectory_pair()
-        seqs = [encode_example(tokenizer, {"messages": pair["prompt"] + pair["chosen"]},
-                               len(pair["prompt"]))]
+        seqs = [encode_example(tokenizer, {"messages": pair["prompt"] + pair["chosen"],
+                                           "info": {"prompt_messages": len(pair["prompt"])}})]
 
         def loss_of(lp):
             return sft_loss(lp, total_tokens=10)
@@ -227,6 +227,8 @@ def test_rft_never_trains_on_the_demonstrations_actions(tokenizer):
             {"role": "tool", "content": "Results"},
             {"role": "user", "content": "Real task"}, {"role": "assistant", "content": "buy"},
             {"role": "tool", "content": "Bought"}]
-    enc = encode_example(tokenizer, {"messages": chat}, prompt_messages=5)
+    enc = encode_example(tokenizer, {"messages": chat, "info": {"prompt_messages": 5}})
     trained = tokenizer.decode([i for i, m in zip(enc.ids, enc.mask) if m])
     assert trained.startswith("buy") and "demo" not in trained
+    old_row = encode_example(tokenizer, {"messages": chat})  # mined before the count was kept
+    assert "search[demo]" in tokenizer.decode([i for i, m in zip(old_row.ids, old_row.mask) if m])

@@ -14,13 +14,11 @@ from .trainer import train
 
 
 def fit_policy(policy: str, rows: list[dict], model_id: str, cfg: TrainConfig, folder: Path, *,
-               prompt_messages: int = 2, adapter: str | None = None, resume: str | None = None,
+               adapter: str | None = None, resume: str | None = None,
                on_metrics: Callable[[int, dict], None] = lambda s, m: None,
                on_checkpoint: Callable[[int, Path], None] = lambda s, f: None) -> dict:
     """Train `policy` (rft: rows are examples; dpo_*: rows are pairs) into folder/final.
 
-    `prompt_messages`: how many messages of an RFT example are its prompt (system, the env's
-    demonstration, the task), never trained on; 2 for an env without a demonstration.
     `adapter`: a previous policy merged into the base first, so it is the reference.
     Returns the last step's metrics plus the data counts.
     """
@@ -33,7 +31,7 @@ def fit_policy(policy: str, rows: list[dict], model_id: str, cfg: TrainConfig, f
     model = add_lora(model, cfg)
     folder = Path(folder)
     if policy == "rft":
-        items = [[encode_example(tokenizer, r, prompt_messages)] for r in rows]
+        items = [[encode_example(tokenizer, r)] for r in rows]
         objective = RFTObjective(items)
     else:
         items = [list(encode_pair(tokenizer, r)) for r in rows]

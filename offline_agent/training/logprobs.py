@@ -58,12 +58,14 @@ def encode_pair(tokenizer, pair: dict) -> tuple[Encoded, Encoded]:
     return out[0], out[1]
 
 
-def encode_example(tokenizer, example: dict, prompt_messages: int) -> Encoded:
+def encode_example(tokenizer, example: dict) -> Encoded:
     """An RFT / hindsight example: the whole conversation, masked on the assistant turns after
-    its first `prompt_messages` (system, the env's demonstration, the task): the demonstration's
-    actions are context the policy was shown, not actions it took."""
+    its prompt (system, the env's demonstration, the task; `info.prompt_messages`, written by
+    mining): the demonstration's actions are context the policy was shown, not its own. An
+    example without that count (mined before it was stored) trains every assistant turn."""
     msgs = messages(example["messages"])
-    ids, mask = encode_prompt_completion(tokenizer, msgs[:prompt_messages], msgs[prompt_messages:])
+    first = (example.get("info") or {}).get("prompt_messages", 0)
+    ids, mask = encode_prompt_completion(tokenizer, msgs[:first], msgs[first:])
     if not any(mask):
         raise ValueError(f"example {example.get('example_id')}: no assistant turn to train on")
     return Encoded(ids, mask)

@@ -175,7 +175,7 @@ def rft_examples(trajs: list[dict], context: Context, tasks: dict[str, Task],
         rows.append({"task_id": task.id, "env": task.env, "kind": "rft",
                      "instruction": task.instruction, "messages": prompt + rest,
                      "source_traj": traj["traj_id"], "reward": traj["reward"],
-                     "info": {"source": traj["source"]}})
+                     "info": {"source": traj["source"], "prompt_messages": len(prompt)}})
     return rows
 
 
@@ -187,5 +187,6 @@ def hindsight_example(source: dict, r: Relabel, context: Context) -> dict:
     return {"task_id": r.task.id, "env": r.task.env, "kind": "hindsight",
             "instruction": r.task.instruction, "messages": prompt + rest,
             "source_traj": source["traj_id"], "reward": r.reward,
-            "info": {"source_task_id": source["task_id"], "source_reward": source["reward"],
+            "info": {"prompt_messages": len(prompt),
+                     "source_task_id": source["task_id"], "source_reward": source["reward"],
                      "source": source["source"], "task": r.task.to_dict()}}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from pipelines.config import make_env
 from pipelines.runner import StageContext
 from pipelines.stages.rounds import round_model, round_name, round_of
 
@@ -77,7 +76,6 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
 
     model = round_model(cfg, store, ctx.run_dir, round_of(ctx.stage))
     metrics = fit_policy(policy, rows, model.id, cfg.train, folder, adapter=model.adapter,
-                         prompt_messages=2 + len(make_env(cfg).demonstration()),
                          resume=str(ctx.run_dir / saved["folder"]) if saved else None,
                          on_metrics=on_metrics,
                          on_checkpoint=on_checkpoint)
