@@ -147,13 +147,34 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
     return {"status": "done", "stats": stats, "seconds": seconds}
 
 
+def _changed(stored: dict | None, cfg: RunConfig, stage: Stage) -> bool:
+    """Whether a stage's stored config differs from `cfg`'s. A key the stored config lacks
+    and `cfg` leaves at its default is no change: it was added to the code after that run,
+    whose results were made as that default makes them (so upgrading keeps old runs)."""
+    if stored is None:
+        return True
+    return bool(diff(_fill(stored, RunConfig().hashed(stage.sections)),
+                     cfg.hashed(stage.sections)))
+
+
+def _fill(stored: dict, defaults: dict) -> dict:
+    out = dict(stored)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out[key], dict):
+            out[key] = _fill(out[key], value)
+    return out
+
+
 def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir: Path,
                   force: bool) -> None:
     """Refuse (or, with force, clear) stored stage results made under a different config."""
     stale = []
     for stage in stages:
         current = cfg.hash(stage.sections)
-        rows = [r for r in store.stages(stage.name) if r["config_hash"] != current]
+        rows = [r for r in store.stages(stage.name)
+                if r["config_hash"] != current and _changed(r["config"], cfg, stage)]
         if rows:
             stale.append((stage, rows[-1]))
     if not stale:
@@ -162,7 +183,8 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
         lines = [f"{run_dir} holds results made under a different config:"]
         for stage, row in stale:
             lines.append(f"  stage {stage.name!r} ({row['status']}):")
-            changes = diff(row["config"], cfg.hashed(stage.sections))
+            changes = diff(_fill(row["config"] or {}, RunConfig().hashed(stage.sections)),
+                           cfg.hashed(stage.sections))
             lines += [f"    {c}" for c in changes] or ["    (stage sections changed)"]
         lines.append("Rerun with --force to discard those results and recompute them, "
                      "or use another --run-dir.")

@@ -144,3 +144,21 @@ def test_outputs_and_done_mark_commit_together(tmp_path):
     with Store(tmp_path / "store.duckdb", read_only=True) as s:
         assert s.tasks() == [] and s.stage("tasks")["status"] == "failed"
     assert json.loads((tmp_path / "progress.json").read_text())["status"] == "interrupted"
+
+
+def test_a_key_added_since_a_run_at_its_default_is_no_change(tmp_path, capsys):
+    """Upgrading the code adds config keys; a run made before one existed was made as its
+    default makes it, so it is not refused (and not recomputed); a real change still is."""
+    import duckdb
+
+    cfg = fake_cfg()
+    run(cfg, tmp_path, TASKS_ONLY)
+    with duckdb.connect(str(tmp_path / "store.duckdb")) as con:  # as an older version wrote it
+        (stored,) = con.execute("SELECT config FROM stages").fetchone()
+        stored = json.loads(stored)
+        assert stored["run"].pop("seed") == 0
+        con.execute("UPDATE stages SET config = ?, config_hash = 'older'", [json.dumps(stored)])
+    assert run(cfg, tmp_path, TASKS_ONLY)["tasks"]["status"] == "skipped"
+    with pytest.raises(RunError) as e:
+        run(fake_cfg("run.seed=3"), tmp_path, TASKS_ONLY)
+    assert "run.seed: 0 -> 3" in str(e.value)
