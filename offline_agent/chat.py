@@ -219,7 +219,8 @@ def _encode(tokenizer, messages: list[Message], first: int) -> tuple[list[int], 
 
 
 def encode_with_mask(tokenizer, messages: list[Message]) -> tuple[list[int], list[int]]:
-    """Token ids of the whole rendered conversation and its action mask (RFT, GRPO, trajectory DPO)."""
+    """Token ids of the whole rendered conversation, masked on every assistant turn (an episode
+    with no prompt to leave out; RFT examples use encode_prompt_completion)."""
     return _encode(tokenizer, messages, first=0)
 
 
