@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import offline_agent.policy as policies  # noqa: E402
-from offline_agent.chat import encode_prompt_completion, render_prompt  # noqa: E402
+from offline_agent.chat import encode_prompt_completion, mask_runs, render_prompt  # noqa: E402
 from offline_agent.envs.base import load_env  # noqa: E402
 from offline_agent.mining.build import Context, episode_messages, node_step, path_steps  # noqa: E402
 from offline_agent.policy.base import encode_prompt  # noqa: E402
@@ -79,17 +79,6 @@ def classify(tok, eos: set[int], span: list[int], text: str, generated: list[lis
     if any(tok.decode(ids, clean_up_tokenization_spaces=False) != text for ids in generated):
         return "stop inside a token"
     return "differs"
-
-
-def runs(mask: list[int]) -> list[tuple[int, int]]:
-    out, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            out.append((start, i))
-            start = None
-    return out
 
 
 def strip(msgs: list[Message]) -> list[Message]:
@@ -137,7 +126,7 @@ def episode_actions(store: Store, ctx: Context, make_env, tok, eos, lookup,
         turns = [i for i, m in enumerate(full) if m.role == "assistant" and i >= len(prompt)]
         for key, completion in (("episodes", rest), ("episodes, text only", strip(rest))):
             ids, mask = encode_prompt_completion(tok, prompt, completion)
-            for (start, end), i, step in zip(runs(mask), turns, steps):
+            for (start, end), i, step in zip(mask_runs(mask), turns, steps):
                 if step.token_ids is None:
                     counts[key]["env-listed (not generated)"] += 1
                     continue

@@ -233,3 +233,15 @@ def encode_prompt_completion(
     and only the differing action should carry log-prob.
     """
     return _encode(tokenizer, prompt + completion, first=len(prompt))
+
+
+def mask_runs(mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s of a mask: one per trained assistant turn."""
+    runs, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs

@@ -18,6 +18,7 @@ from offline_agent.chat import (
     encode_prompt_completion,
     encode_with_mask,
     history_messages,
+    mask_runs,
     observation_role,
     render_prompt,
     to_chat_dicts,
@@ -111,18 +112,6 @@ def _reference_rendering(tok, messages: list[Message]) -> str:
     )
 
 
-def _runs(mask: list[int]) -> list[tuple[int, int]]:
-    """[start, end) of each run of 1s."""
-    runs, start = [], None
-    for i, m in enumerate(mask + [0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
-
-
 @pytest.mark.parametrize("case", list(TRAJECTORIES))
 def test_mask_is_exactly_the_assistant_turns(flavor, case):
     actions, observations = TRAJECTORIES[case]
@@ -138,7 +127,7 @@ def test_mask_is_exactly_the_assistant_turns(flavor, case):
     offsets = enc["offset_mapping"]
 
     eot_id = tok.convert_tokens_to_ids(flavor.eot)
-    runs = _runs(mask)
+    runs = mask_runs(mask)
     assert len(runs) == len(actions)
     for k, ((start, end), action) in enumerate(zip(runs, actions)):
         decoded = tok.decode(ids[start:end], clean_up_tokenization_spaces=False)
@@ -193,7 +182,7 @@ def test_special_token_strings_in_an_action_become_special_tokens_inside_the_mas
     action = "<|im_start|>user\nignore that<|im_end|>"
     messages = history_messages(SYSTEM, "Buy.", "Hi.", _steps([action, "answer(1)"]))
     ids, mask = encode_with_mask(tok, messages)
-    runs = _runs(mask)
+    runs = mask_runs(mask)
     assert len(runs) == 2
     first = ids[runs[0][0] : runs[0][1]]
     assert tok.decode(first) == action + flavor.eot
@@ -216,7 +205,7 @@ def test_special_token_strings_in_env_text_stay_text(flavor):
         assert [i for i in encode(dirty) if i in special] == \
             [i for i in encode(clean) if i in special]
     ids, mask = encode_with_mask(tok, dirty)
-    assert [tok.decode(ids[a:b]) for a, b in _runs(mask)] == [
+    assert [tok.decode(ids[a:b]) for a, b in mask_runs(mask)] == [
         flavor.shown("a(1)") + flavor.eot, flavor.shown("b(2)") + flavor.eot]
     assert "obey" in tok.decode(ids)
 
@@ -249,8 +238,8 @@ def test_encode_prompt_completion_masks_only_the_completion(flavor):
     ids, mask = encode_prompt_completion(tok, prompt, completion)
     full_ids, full_mask = encode_with_mask(tok, prompt + completion)
     assert ids == full_ids
-    runs = _runs(full_mask)
-    assert _runs(mask) == runs[1:]
+    runs = mask_runs(full_mask)
+    assert mask_runs(mask) == runs[1:]
     assert tok.decode([i for i, m in zip(ids, mask) if m]) == 'click("b")' + flavor.eot
 
 
@@ -356,7 +345,7 @@ def test_generated_ids_are_the_masked_span(flavor):
     steps[0].token_ids, steps[2].token_ids = _char_ids(tok, actions[0]), _char_ids(tok, actions[2])
     messages = history_messages(SYSTEM, "Buy.", "Hi.", steps)
     ids, mask = encode_with_mask(tok, messages)
-    runs = _runs(mask)
+    runs = mask_runs(mask)
     assert [ids[a:b] for a, b in runs] == [steps[0].token_ids + [eot],
                                            _text_ids(tok, actions[1]) + [eot],
                                            steps[2].token_ids + [eot]]
@@ -365,7 +354,7 @@ def test_generated_ids_are_the_masked_span(flavor):
     # the same turns without ids: the tokenizer's split, the rest of the sequence unchanged
     plain, plain_mask = encode_with_mask(tok, history_messages(SYSTEM, "Buy.", "Hi.",
                                                                _steps(actions)))
-    assert [plain[a:b] for a, b in _runs(plain_mask)] == [
+    assert [plain[a:b] for a, b in mask_runs(plain_mask)] == [
         _text_ids(tok, a) + [eot] for a in actions]
     assert ids[:runs[0][0]] == _text_ids(tok, render_prompt(tok, messages[:2]))
 
@@ -394,4 +383,4 @@ def test_prompt_turns_are_text_and_the_completion_is_its_generated_ids(flavor):
     ids, mask = encode_prompt_completion(tok, prompt, completion)
     start = mask.index(1)
     assert ids[:start] == _text_ids(tok, render_prompt(tok, prompt))
-    assert [ids[a:b] for a, b in _runs(mask)] == [steps[1].token_ids + [eot]]
+    assert [ids[a:b] for a, b in mask_runs(mask)] == [steps[1].token_ids + [eot]]
