@@ -95,6 +95,10 @@ def _sample_at(policy, env: Env, states: list[bytes], per_state: int, seed: int)
 @pytest.mark.parametrize("env_name", ["minishop", "math", "python", "bookings"])
 def test_every_sampled_action_parses_and_validates(policy, env_name):
     env = Bookings() if env_name == "bookings" else load_env(env_name)
+    # a random model's calls run to the token budget, where the grammar steers them closed:
+    # python's 320 tokens x 200 rows take ~45 s on 2 cores, and the closing is the same at 96
+    if env_name == "python":
+        env.max_action_tokens = 96
     script = {"minishop": _minishop_script(env) if env_name == "minishop" else [],
               "bookings": ['find[thai]']}.get(env_name, [])
     states = _states(env, script)
@@ -107,7 +111,8 @@ def test_every_sampled_action_parses_and_validates(policy, env_name):
             call = parse_action(c.text, env.tools)  # raises ActionError if it does not parse
             validate_call(call, env.tools)
             assert c.constrained and c.finish_reason == "stop"
-            assert c.token_ids[-1] in policy.eos  # the call ended the turn
+            # the turn ended after the call: at end-of-turn or at a stop string, cut off
+            assert not any(s in c.text for s in env.stop)
     assert len(set(texts)) > len(texts) // 4, "sampling should vary"
 
 
@@ -194,9 +199,30 @@ def test_grammar_text_is_shared_and_cached():
     sampling = Sampling(max_new_tokens=48, stop=["\n"], tools=[tools, None, tools])
     a, b, c = prompt_grammars(sampling, 3)
     assert b is None and a is c  # one build per distinct tool list
-    assert a == tool_call_grammar(tools, 48, newlines=False)
+    assert a == tool_call_grammar(tools, 48, ("\n",))
     assert 'call2 ::= "buy"' in a.text and '"search["' in a.text
     assert a.horizon == 4  # a free character, "]", end-of-turn, and one to spare
+
+
+@pytest.mark.parametrize("stop, text, accepted", [
+    (("\n\n",), "submit[def f(x):\n    return [x]]", True),
+    (("\n\n",), "submit[def f(x):\n    return [x]]\n\n", True),  # the stop string ends it
+    (("\n\n",), "submit[def f(x):\n\n    return x]", False),  # a blank line inside the code
+    (("\n\n",), "submit[def f(x):\n    return x]\n\nmore", False),
+    (("\n",), "submit[def f(x):\n    return x]", False),  # one line where "\n" is a stop
+    (("\n",), "submit[def f(x): return x]\n", True),
+    ((), "submit[def f(x):\n\n    return x]", True),
+    ((), "submit[def f(x): return x]\n", False),  # nothing may follow the call
+])
+def test_stop_strings_end_a_call_and_never_occur_inside_it(policy, stop, text, accepted):
+    """A reply may end at the env's stop string right after the call (as a free reply does),
+    so free text never holds one: the Python env's code has no blank line."""
+    grammar = tool_call_grammar(load_env("python").tools, 320, stop)
+    assert grammar.stop == stop
+    matcher = policy.grammars.xgr.GrammarMatcher(
+        policy.grammars.compiler.compile_grammar(grammar.text))
+    ok = matcher.accept_string(text) and matcher.is_completed()
+    assert ok == accepted
 
 
 @pytest.mark.parametrize("tools, budget, message", [
@@ -208,7 +234,7 @@ def test_grammar_text_is_shared_and_cached():
 ])
 def test_grammar_errors_are_clear(tools, budget, message):
     with pytest.raises(ValueError, match=message):
-        tool_call_grammar(tools, budget, newlines=False)
+        tool_call_grammar(tools, budget, ("\n",))
 
 
 def test_unconstrained_tools_are_ignored(tiny_model_dir):

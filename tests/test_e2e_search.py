@@ -11,8 +11,8 @@ pytestmark = pytest.mark.e2e
 CONFIG = """\
 run: {name: e2e}
 model: {device: cpu}
-env: {name: minishop, kwargs: {max_steps: 4}, train_tasks: 2, test_tasks: 1}
-search: {simulations: 2, k: 3, max_depth: 4, trees_per_batch: 2}
+env: {name: minishop, kwargs: {max_steps: 3}, train_tasks: 1, test_tasks: 1}
+search: {simulations: 2, k: 3, max_depth: 3}
 """
 
 
@@ -24,7 +24,7 @@ def test_search_with_embedded_model(tmp_path):
     # the stages after search (mining, training, eval) are tested on the tiny model
     assert main(["run", str(config), "--run-dir", str(tmp_path / "r"), "--until", "search"]) == 0
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
-        assert [t["simulations_done"] for t in s.trees()] == [2, 2]
+        assert [t["simulations_done"] for t in s.trees()] == [2]
         nodes = [n for t in s.trees() for n in s.load_tree(t["tree_id"])]
         children = [n for n in nodes if n["parent_id"] is not None]
         assert children and all(n["action"] for n in children)
@@ -36,6 +36,6 @@ def test_search_with_embedded_model(tmp_path):
             groups.setdefault(n["parent_id"], []).append(n["critic_score"])
         for scores in groups.values():
             assert sum(scores) == pytest.approx(1.0, abs=1e-6)
-        assert len(s.trajectories("mcts_rollout")) == 4
+        assert len(s.trajectories("mcts_rollout")) == 2
         stats = s.stage("search", "0/1")["stats"]
         assert {"tasks_solved_by_search", "tasks_solved_greedy"} <= set(stats)

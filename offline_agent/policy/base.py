@@ -32,8 +32,8 @@ class Sampling:
     seed: int | list[int] | None = None
     # per prompt, the tool specs its reply must call (None: free text). A policy loaded with
     # constrain="tools" decodes such a reply under the grammar of one call of these tools
-    # (policy/grammar.py); the stop strings then do not cut it (the call ends itself, then the
-    # turn). With constrain="none" they are ignored.
+    # (policy/grammar.py); it ends with the call, then end-of-turn or a stop string the grammar
+    # keeps out of free text ("\n", "\n\n"). With constrain="none" they are ignored.
     tools: list[list[dict] | None] | None = None
 
 

@@ -10,7 +10,9 @@ The call forms are those the envs' prompts and demonstrations show and `envs/par
 Argument values follow the JSON schema: types, `enum`s (how an env narrows a state's choices),
 required keys. Free text is printable ASCII; bracket text starts with a character the parser
 does not strip (so it is never empty) and may hold brackets (`xs[0]`): the call ends at a `]`
-the policy follows with end-of-turn, the only token the grammar allows after a call.
+the policy follows with end-of-turn or with one of the env's stop strings, as an unconstrained
+reply ends. So free text never holds a stop string: with "\n" no newline, with "\n\n" no blank
+line (the two the envs use; `ENDINGS`). Other stop strings do not end a constrained reply.
 
 Free text is unbounded in the grammar: xgrammar precomputes the token masks of a repeated
 rule, but counts a bounded repetition at run time (a 49k-vocabulary scan, ~50 ms, per row and
@@ -37,12 +39,14 @@ SHORTEST = {"string": 3, "number": 2, "integer": 2, "boolean": 5}
 # what ends a value, in the order a closing row prefers them: `]` is text inside bracket
 # text and `"` inside JSON strings, so JSON strings leave `]` out
 CLOSERS = ']"},'
+ENDINGS = ("\n", "\n\n")  # stop strings free text can leave out, so they may end a call
 
 
 @dataclass(frozen=True)
 class CallGrammar:
     text: str  # EBNF, xgrammar's dialect
     horizon: int  # tokens that always suffice to finish the call from any point, end-of-turn included
+    stop: tuple[str, ...] = ()  # stop strings that may follow the call and end the reply there
     max_chars: int = MAX_ARGUMENT_CHARS  # longest reply text: the env refuses longer arguments
 
 
@@ -54,37 +58,41 @@ def prompt_grammars(sampling: Sampling, num_prompts: int) -> list[CallGrammar | 
         return [None] * num_prompts
     if len(sampling.tools) != num_prompts:
         raise ValueError(f"{len(sampling.tools)} tool lists for {num_prompts} prompts")
-    newlines = "\n" not in sampling.stop
-    return [None if t is None else _cached(json.dumps(t), sampling.max_new_tokens, newlines)
+    stop = tuple(sampling.stop)
+    return [None if t is None else _cached(json.dumps(t), sampling.max_new_tokens, stop)
             for t in sampling.tools]
 
 
 @functools.lru_cache(maxsize=4096)
-def _cached(tools: str, budget: int, newlines: bool) -> CallGrammar:
-    return tool_call_grammar(json.loads(tools), budget, newlines)
+def _cached(tools: str, budget: int, stop: tuple[str, ...]) -> CallGrammar:
+    return tool_call_grammar(json.loads(tools), budget, stop)
 
 
-def tool_call_grammar(tools: list[dict], budget: int, newlines: bool) -> CallGrammar:
-    """The grammar whose sentences are one call of one of `tools`.
+def tool_call_grammar(tools: list[dict], budget: int, stop: tuple[str, ...]) -> CallGrammar:
+    """The grammar whose sentences are one call of one of `tools`, then optionally one of the
+    `stop` strings in ENDINGS.
 
     budget: tokens the reply may take, end-of-turn included; a call that cannot fit is an
-    error. newlines: whether bracket text may span lines (not where a newline is the env's
-    stop string, as in MiniShop).
+    error. stop: the env's stop strings; bracket text holds none of those in ENDINGS (in
+    MiniShop, "\n", it stays on one line; in the Python env, "\n\n", code has no blank line).
     """
     if not tools:
         raise ValueError("constrained decoding needs at least one tool to call")
+    endings = tuple(s for s in ENDINGS if s in stop)
     rules: list[str] = []
-    shapes = [_call(t["function"], i, newlines, rules) for i, t in enumerate(tools)]
+    shapes = [_call(t["function"], i, endings, rules) for i, t in enumerate(tools)]
     horizon = 1 + max(closing for _, _, closing in shapes)
     for tool, (_, least, _) in zip(tools, shapes):  # closing must start past the fixed text
         if least + horizon > budget:
             raise ValueError(f"the token budget ({budget}) is too small for a call of "
                              f"{tool['function']['name']!r}: raise the env's max_action_tokens")
-    text = "\n".join([f"root ::= {' | '.join(r for r, _, _ in shapes)}", *rules]) + "\n"
-    return CallGrammar(text, horizon)
+    root = f"root ::= ({' | '.join(r for r, _, _ in shapes)})"
+    if endings:
+        root += f" ({' | '.join(_lit(s) for s in endings)})?"
+    return CallGrammar("\n".join([root, *rules]) + "\n", horizon, endings)
 
 
-def _call(spec: dict, i: int, newlines: bool, rules: list[str]) -> tuple[str, int, int]:
+def _call(spec: dict, i: int, endings: tuple[str, ...], rules: list[str]) -> tuple[str, int, int]:
     """One tool's call: (rule name, characters before its free parts, characters that finish
     it from inside); its rules are appended to `rules`."""
     name, props = spec["name"], spec.get("parameters", {}).get("properties", {})
@@ -98,7 +106,7 @@ def _call(spec: dict, i: int, newlines: bool, rules: list[str]) -> tuple[str, in
         return rule, len(name), 0
     schema = next(iter(props.values()))
     if len(props) == 1 and _bracketable(schema):
-        value = _value(schema, f"{rule}v", rules, bracket=True, newlines=newlines)
+        value = _value(schema, f"{rule}v", rules, bracket=True, endings=endings)
         rules.append(f"{rule} ::= {_lit(name + '[')} {value} {_lit(']')}")
         return rule, len(name) + 1, _finish(schema, bracket=True) + 1
     return _json_call(spec, rule, rules)
@@ -141,7 +149,7 @@ def _json_call(spec: dict, rule: str, rules: list[str]) -> tuple[str, int, int]:
 
 
 def _value(schema: dict, rule: str, rules: list[str], bracket: bool,
-           newlines: bool = False) -> str:
+           endings: tuple[str, ...] = ()) -> str:
     """The EBNF of one argument value, as bracket text or as JSON."""
     if "enum" in schema:
         values = schema["enum"] if bracket else [json.dumps(v) for v in schema["enum"]]
@@ -158,10 +166,13 @@ def _value(schema: dict, rule: str, rules: list[str], bracket: bool,
     if not bracket:  # printable ASCII but quote, backslash and `]` (see CLOSERS): no escapes
         rules.append(f'{rule} ::= [ !#-\\[] | "^" | [_-~]')
         return f'"\\"" {rule} {rule}* "\\""'
-    space = "\\n\\t" if newlines else "\\t"
-    # the repeated item is an alternation: xgrammar compiles a repeated bare character class
-    # into one state per character (seconds), an alternation in milliseconds
-    rules.append(f'{rule}c ::= [ -Z\\\\^-~{space}] | "[" | "]"')
+    # the repeated item is one flat alternation: xgrammar compiles a repeated bare character
+    # class into one state per character (seconds), and a repeated rule that refers to another
+    # rule costs a vocabulary scan per step (~30 ms); a flat alternation costs microseconds
+    chars = ['[ -Z\\\\^-~\\t]', '"["', '"]"']  # one character, not a newline
+    if "\n" not in endings:  # a newline, followed by a character where blank lines end replies
+        chars += (['"\\n" ' + c for c in chars] if "\n\n" in endings else ['"\\n"'])
+    rules.append(f"{rule}c ::= {' | '.join(chars)}")
     rules.append(f"{rule} ::= [!#-&(-Z\\\\^-_a-~] {rule}c*")
     return rule
 

@@ -15,7 +15,8 @@ that generate does not, cheaply:
 
 With constrain="tools", a row asked with tools decodes under the grammar of one tool call
 (policy/grammar.py, policy/constrained.py): its own xgrammar matcher masks the logits it
-samples or argmaxes from; log-probs stay those of the raw logits.
+samples or argmaxes from; log-probs stay those of the raw logits. It ends at end-of-turn or at
+a stop string after the call (free text holds none of the grammar's stop strings).
 
 The cache is padded in the middle: [left pad][cached prefix][left pad][new tokens]. The
 attention mask hides the pad, and position ids count only real tokens. This is for
@@ -179,8 +180,8 @@ class HFPolicy:
                 ids[r].append(int(tokens[i]))
                 logprobs[r].append(token_logprobs[i])
                 row = constrained[r]
-                if not (self.grammars.advance(row, ids[r][-1]) if row
-                        else self._stopped(ids[r], sampling.stop)):
+                done = row is not None and self.grammars.advance(row, ids[r][-1])
+                if not (done or self._stopped(ids[r], row.grammar.stop if row else sampling.stop)):
                     keep.append(i)
             if not keep:
                 break
@@ -190,13 +191,13 @@ class HFPolicy:
                 mask, tokens, temps = mask[index], tokens[index], temps[index]
                 active = [active[i] for i in keep]
             last = tokens
-        return [self._finish(i, lp, sampling.stop, m is not None)
+        return [self._finish(i, lp, m.grammar.stop if m else sampling.stop, m is not None)
                 for i, lp, m in zip(ids, logprobs, constrained)]
 
     def _finish(self, ids: list[int], logprobs: list[float], stop: list[str], constrained: bool):
-        """A constrained reply ends with its call: stop strings do not cut it."""
-        completion = make_completion(self.tokenizer, ids, logprobs, [] if constrained else stop,
-                            bool(ids) and ids[-1] in self.eos)
+        """A constrained reply is cut only at the stop strings its grammar allows after the call."""
+        completion = make_completion(self.tokenizer, ids, logprobs, list(stop),
+                                     bool(ids) and ids[-1] in self.eos)
         completion.constrained = constrained
         return completion
 

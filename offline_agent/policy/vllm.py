@@ -90,15 +90,17 @@ class VLLMPolicy:
             # finish_reason "stop" with no stop string means eos (or a stop token id) ended it
             ended = o.finish_reason == "stop" and not isinstance(o.stop_reason, str)
             constrained = grammars[len(out)] is not None
+            stop = grammars[len(out)].stop if constrained else sampling.stop
             out.append(make_completion(self.tokenizer, list(o.token_ids), logprobs,
-                                       [] if constrained else sampling.stop, ended))
+                                       list(stop), ended))
             out[-1].constrained = constrained
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def _params(self, sampling: Sampling, temperature: float, seed: int,
                 grammar: CallGrammar | None):
         """One row's SamplingParams. A row with a grammar decodes under vLLM's structured
-        outputs and ends with its call (no stop strings), as in HFPolicy. vLLM has no hook for
+        outputs and ends with its call, or at a stop string the grammar allows after it, as in
+        HFPolicy. vLLM has no hook for
         the hf backend's closing steer (policy/constrained.py), so a call still open at
         max_tokens is cut there and comes back invalid."""
         structured = None
@@ -110,7 +112,7 @@ class VLLMPolicy:
             temperature=temperature,
             top_p=sampling.top_p,
             max_tokens=sampling.max_new_tokens,
-            stop=None if grammar is not None else sampling.stop or None,
+            stop=list(grammar.stop if grammar is not None else sampling.stop) or None,
             seed=seed,
             logprobs=0,  # only the sampled token's log-prob
             skip_special_tokens=False,  # stop strings see the text HFPolicy sees
