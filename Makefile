@@ -25,11 +25,15 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/offline-agent run configs/default.yaml --run-dir $(RUN_DIR)
 
+# Two workers, one file each at a time (module fixtures stay shared), one thread each: the
+# suite waits on subprocesses (sandbox, CLI, TRL) as much as it computes.
+TEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
+
 test: install
-	$(PY) -m pytest -q
+	$(TEST)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not e2e"
+	$(TEST) -m "not e2e"
 
 lint: install
 	$(VENV)/bin/ruff check offline_agent pipelines storage tests benchmarks

@@ -74,14 +74,15 @@ def decode_speed(policies: dict, env_name: str, prompts_n: int, samples: int,
     print(f"tools / none: {rate['tools'] / rate['none']:.3f}x tokens/s")
 
 
-def search_vs_greedy(policy, envs: list[str], n: int, cfg: SearchConfig, max_steps: int) -> None:
-    print(f"\n3. search vs greedy with constrain: tools, {n} train tasks per env, "
+def search_vs_greedy(policy, envs: list[str], first: int, n: int, cfg: SearchConfig,
+                     max_steps: int) -> None:
+    print(f"\n3. search vs greedy with constrain: tools, {n} train tasks per env from #{first}, "
           f"simulations {cfg.simulations}, k {cfg.k}, max depth {cfg.max_depth}")
     for name in envs:
         def make_env(name=name):
             return load_env(name, max_steps=max_steps)
 
-        tasks = make_env().tasks("train", n)
+        tasks = make_env().tasks("train", first + n)[first:]
         greedy = run_episodes(policy, make_env, tasks, temperature=0.0, batch_size=32)
         best = {t.id: 0.0 for t in tasks}
 
@@ -109,6 +110,9 @@ def main() -> None:
     ap.add_argument("--speed-samples", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--search-tasks", type=int, default=8)
+    ap.add_argument("--search-first", type=int, default=0, help="index of the first train task")
+    ap.add_argument("--modes", nargs="+", default=["none", "tools"], choices=["none", "tools"],
+                    help="greedy rows to run (the decode speed always compares both)")
     ap.add_argument("--simulations", type=int, default=2)
     ap.add_argument("--skip", nargs="*", default=[], choices=["greedy", "speed", "search"])
     args = ap.parse_args()
@@ -120,12 +124,13 @@ def main() -> None:
         tasks["python"] = args.python_tasks
     print(f"model {args.model}, CPU")
     if "greedy" not in args.skip:
-        greedy_table(policies, args.envs, tasks, args.max_steps)
+        greedy_table({m: policies[m] for m in args.modes}, args.envs, tasks, args.max_steps)
     if "speed" not in args.skip:
         decode_speed(policies, "minishop", args.speed_prompts, args.speed_samples, args.repeats)
     if "search" not in args.skip:
         cfg = SearchConfig(simulations=args.simulations, k=3, max_depth=args.max_steps)
-        search_vs_greedy(policies["tools"], args.envs, args.search_tasks, cfg, args.max_steps)
+        search_vs_greedy(policies["tools"], args.envs, args.search_first, args.search_tasks, cfg,
+                         args.max_steps)
 
 
 if __name__ == "__main__":

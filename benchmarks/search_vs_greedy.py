@@ -7,6 +7,7 @@ the number `make demo` prints on a larger sample of tasks.
     .venv/bin/python benchmarks/search_vs_greedy.py --tasks 32
     .venv/bin/python benchmarks/search_vs_greedy.py --tasks 16 --set simulations=12 k=4
     .venv/bin/python benchmarks/search_vs_greedy.py --env math --tasks 32
+    .venv/bin/python benchmarks/search_vs_greedy.py --env python --first 28 --tasks 12
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--env", default="minishop")
     ap.add_argument("--tasks", type=int, default=32)
+    ap.add_argument("--first", type=int, default=0,
+                    help="index of the first train task (python's easy tier starts at 31)")
     ap.add_argument("--max-steps", type=int, default=8)
     ap.add_argument("--kwargs", default="{}",
                     help='env constructor arguments as JSON, e.g. \'{"difficulty": 2}\'')
@@ -57,7 +60,7 @@ def main() -> None:
     def make_env():
         return load_env(args.env, **env_kwargs)
 
-    tasks = make_env().tasks("train", args.tasks)
+    tasks = make_env().tasks("train", args.first + args.tasks)[args.first:]
     start = time.perf_counter()
     greedy = run_episodes(policy, make_env, tasks, temperature=0.0, batch_size=32)
     greedy_solved = {t.task_id for t in greedy if t.success}
@@ -78,7 +81,7 @@ def main() -> None:
 
     changed = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
                if f.name not in ("shard",)}
-    print(f"{args.tasks} {args.env} train tasks {env_kwargs}, model {args.model}, search {changed}")
+    print(f"{args.tasks} {args.env} train tasks from #{args.first} {env_kwargs}, model {args.model}, search {changed}")
     print(f"greedy: solved {len(greedy_solved):3d}/{args.tasks}, mean reward {greedy_mean:.3f} "
           f"({greedy_s:.0f} s)")
     print(f"search: solved {len(solved):3d}/{args.tasks} at least once, mean best reward "
