@@ -116,6 +116,23 @@ def test_every_sampled_action_parses_and_validates(policy, env_name):
     assert len(set(texts)) > len(texts) // 4, "sampling should vary"
 
 
+@pytest.mark.parametrize("env_name", ["python", "math"])
+def test_a_model_that_ends_its_turn_inside_a_call_gets_the_call_closed(tiny_model_dir, env_name):
+    """Where the model would stop (end-of-turn) inside bracket text, the decoder closes the
+    call there, as the Python env reads a free reply that stops inside a call: a short valid
+    call, not text run on to the token budget (320 tokens in the Python env)."""
+    policy = HFPolicy.from_pretrained(tiny_model_dir, constrain="tools")
+    bias = torch.zeros(policy.model.get_output_embeddings().weight.shape[0])
+    bias[policy.tokenizer.eos_token_id] = 1e4  # end-of-turn is always the model's choice
+    policy.model.get_output_embeddings().register_forward_hook(lambda m, i, out: out + bias)
+    env = load_env(env_name)
+    out = _sample_at(policy, env, _states(env, []), 8, seed=0)[0]
+    for c in out:
+        validate_call(parse_action(c.text, env.tools), env.tools)
+        assert c.token_ids[-1] == policy.tokenizer.eos_token_id
+        assert len(c.token_ids) < 40, c.text
+
+
 def test_toy_env_uses_json_with_schema_types(policy):
     env = Bookings()
     out = _sample_at(policy, env, _states(env, []), 60, seed=3)
@@ -207,6 +224,7 @@ def test_grammar_text_is_shared_and_cached():
 @pytest.mark.parametrize("stop, text, accepted", [
     (("\n\n",), "submit[def f(x):\n    return [x]]", True),
     (("\n\n",), "submit[def f(x):\n    return [x]]\n\n", True),  # the stop string ends it
+    (("\n\n",), "submit[def f(x):\n    return x\n]", True),  # a newline before the `]`
     (("\n\n",), "submit[def f(x):\n\n    return x]", False),  # a blank line inside the code
     (("\n\n",), "submit[def f(x):\n    return x]\n\nmore", False),
     (("\n",), "submit[def f(x):\n    return x]", False),  # one line where "\n" is a stop

@@ -79,6 +79,24 @@ def test_run_tests_reports_pass_fail_and_errors_without_ending():
     assert "Printed output:\ndebug" in result.observation
 
 
+def test_code_that_passed_run_tests_is_listed_for_submission():
+    """The listed action is the passing code's submit, exactly (code ending in `]` too), and
+    only while the last run_tests passed every example."""
+    env = PythonTasks()
+    env.reset(_task("differences"))
+    assert env.available_actions() == []
+    good = "def differences(xs):\n    return [b - a for a, b in zip(xs, xs[1:])]"
+    env.act(f"run_tests[{good}]")
+    assert env.available_actions() == [f"submit[{good}]"]
+    blob = env.snapshot()
+    env.act("run_tests[def differences(xs):\n    return xs]")  # fails: nothing listed
+    assert env.available_actions() == []
+    env.restore(blob)
+    call, result = env.act(env.available_actions()[0])
+    assert call.name == "submit" and result.done and result.reward == 1.0
+    assert env.available_actions() == []
+
+
 def test_syntax_errors_and_missing_functions_are_reported():
     env = PythonTasks()
     env.reset(_task("count_evens"))

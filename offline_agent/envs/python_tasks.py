@@ -308,8 +308,15 @@ class PythonTasks(Env):
     def act(self, text: str) -> tuple[ToolCall | None, StepResult]:
         return super().act(close_call(text[: self.max_parse_chars]))
 
+    def available_actions(self) -> list[str]:
+        """Submitting the code the last run_tests passed in full: MiniShop's `buy`. Search adds
+        it to the children and tries it on snapshots (`search.listed`, `search.finish`), so a
+        rollout that got the examples right but then wrote other code still shows its worth."""
+        passed = self.state.get("passed_code")
+        return [] if self.state["submitted"] or passed is None else [f"submit[{passed}]"]
+
     def _reset(self, task: Task) -> str:
-        self.state = {"submitted": False}
+        self.state = {"submitted": False, "passed_code": None}
         return "Check your code with run_tests[...], then submit[...] it."
 
     def _execute(self, call: ToolCall) -> StepResult:
@@ -318,9 +325,11 @@ class PythonTasks(Env):
         data, code = self.task.data, restore_bracket(call.arguments["code"])
         if call.name == "run_tests":
             report = run_cases(code, data["function"], data["visible"], self.allow_weaker_sandbox)
+            passed = code if report.passed and all(report.passed) else None
+            self.state = {"submitted": False, "passed_code": passed}
             return StepResult(observation=_render(report), info={"passed": sum(report.passed)})
         report = run_cases(code, data["function"], data["hidden"], self.allow_weaker_sandbox)
-        self.state = {"submitted": True}
+        self.state = {"submitted": True, "passed_code": None}
         passed, total = sum(report.passed), len(report.passed)
         observation = f"Submitted: {passed}/{total} hidden tests passed."
         if report.error:

@@ -28,11 +28,15 @@ def import_xgrammar():
 
 @dataclass
 class RowState:
-    """One constrained row: its grammar, its matcher, the characters it has written."""
+    """One constrained row: its grammar, its matcher, the characters it has written, whether
+    it is closing its call, and this step's logits under the grammar alone (None: closing)."""
 
     grammar: CallGrammar
     matcher: object
     chars: int = 0
+    closing: bool = False
+    masked: torch.Tensor | None = None
+    tail: bytes = b""  # the text's last bytes, where a stop string may have begun
 
 
 class GrammarMasks:
@@ -44,7 +48,9 @@ class GrammarMasks:
                                                         stop_token_ids=stop_token_ids)
         self.compiler = self.xgr.GrammarCompiler(info)  # caches compiled grammars by text
         self.vocab_size = vocab_size
-        pieces = info.decoded_vocab  # bytes of each token
+        pieces = self.pieces = info.decoded_vocab  # bytes of each token
+        self.stop_ids = stop_token_ids
+        self.ends: dict[tuple, torch.Tensor] = {}  # see `_ends`
         self.lengths = [len(p) for p in pieces] + [0] * (vocab_size - len(pieces))
         self.longest = max(self.lengths)
         self.single = torch.tensor([n == 1 for n in self.lengths])
@@ -52,6 +58,9 @@ class GrammarMasks:
         ids = {p: i for i, p in enumerate(pieces) if len(p) == 1}
         # end-of-turn first: once the call is complete, nothing else
         self.closers = [*stop_token_ids, *(ids[c.encode()] for c in CLOSERS if c.encode() in ids)]
+        # end-of-turn (the call is complete) and `]` (bracket text may end here; JSON strings
+        # and literals never allow a `]`, so it is never text the grammar requires)
+        self.enders = self.closers[:len(stop_token_ids) + 1]
 
     def rows(self, grammars: list[CallGrammar | None]) -> list[RowState | None]:
         """A fresh matcher per row (None where the row is free text)."""
@@ -61,7 +70,11 @@ class GrammarMasks:
 
     def mask(self, logits: torch.Tensor, rows: list[RowState | None], left: int) -> torch.Tensor:
         """A copy of `logits` with every token the row's matcher forbids at -inf (rows without
-        a matcher unchanged). A closing row (`left` tokens are its grammar's horizon, or the
+        a matcher unchanged), except, where the grammar allows end-of-turn or `]` next, the
+        tokens that end a turn (end-of-turn, a stop string of the grammar): the model may still
+        want to stop there, and `settle` reads that as closing the call, as the Python env
+        reads a free reply that stops inside a call (`PythonTasks.close_call`).
+        A closing row (it drew such a token, or `left` tokens are its grammar's horizon, or the
         next token could take its text past `max_chars` less the horizon) keeps only
         one-character tokens, and only the first allowed of end-of-turn, `]`, `"`, `}`, `,`
         where one is allowed: that path finishes any call within the horizon."""
@@ -71,11 +84,43 @@ class GrammarMasks:
             rows[i].matcher.fill_next_token_bitmask(bitmask, i)
         out = logits.clone()
         self.xgr.apply_token_bitmask_inplace(out, bitmask.to(out.device), indices=constrained)
+        enders = torch.tensor(self.enders, device=out.device)
         for i in constrained:
-            g = rows[i].grammar
-            if left <= g.horizon or rows[i].chars + self.longest + g.horizon > g.max_chars:
+            row, g = rows[i], rows[i].grammar
+            row.closing |= left <= g.horizon or row.chars + self.longest + g.horizon > g.max_chars
+            can_end = not row.closing and bool((out[i][enders] > float("-inf")).any())
+            row.masked = out[i].clone() if can_end else None
+            if row.closing:
                 self._close(out[i])
+            elif can_end:
+                ends = self._ends(g.stop, row.tail).to(out.device)
+                out[i][ends] = logits[i][ends]
         return out
+
+    def settle(self, tokens: torch.Tensor, rows: list[RowState | None]) -> torch.Tensor:
+        """`tokens` drawn from `mask`'s logits, with each turn-ending token the grammar forbids
+        replaced by end-of-turn or else `]`, whichever it allows; the row then closes its call.
+        (`mask` lets a row end only where one of them is allowed: bracket text can close.)"""
+        for i, row in enumerate(rows):
+            if row is not None and row.masked is not None and row.masked[tokens[i]] == float("-inf"):
+                row.closing = True
+                tokens[i] = next(t for t in self.enders if row.masked[t] > float("-inf"))
+        return tokens
+
+    def _ends(self, stop: tuple[str, ...], tail: bytes) -> torch.Tensor:
+        """The tokens that end a free reply here: end-of-turn, and tokens that begin a stop
+        string or finish one the text's tail began (`\n` after `\n` where `\n\n` stops;
+        not `x\n\n`, whose text goes on first). Cached by what the tail has begun."""
+        texts = [s.encode() for s in stop]
+        begun = tuple(tail[j:] for j in range(len(tail) + 1)
+                      if any(t.startswith(tail[j:]) and j > len(tail) - len(t) for t in texts))
+        if (stop, begun) not in self.ends:
+            ends = torch.zeros(self.vocab_size, dtype=torch.bool)
+            ends[self.stop_ids] = True
+            ends[[i for i, p in enumerate(self.pieces)
+                  if any((b + p).startswith(t) for b in begun for t in texts)]] = True
+            self.ends[stop, begun] = ends
+        return self.ends[stop, begun]
 
     def _close(self, row: torch.Tensor) -> None:
         row[~self.single.to(row.device)] = float("-inf")
@@ -90,4 +135,6 @@ class GrammarMasks:
         if not row.matcher.accept_token(token):
             raise RuntimeError(f"token {token} was drawn against the grammar's mask")
         row.chars += self.lengths[token]
+        if token < len(self.pieces):
+            row.tail = (row.tail + self.pieces[token])[-8:]
         return row.matcher.is_terminated()

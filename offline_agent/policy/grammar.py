@@ -170,10 +170,14 @@ def _value(schema: dict, rule: str, rules: list[str], bracket: bool,
     # class into one state per character (seconds), and a repeated rule that refers to another
     # rule costs a vocabulary scan per step (~30 ms); a flat alternation costs microseconds
     chars = ['[ -Z\\\\^-~\\t]', '"["', '"]"']  # one character, not a newline
-    if "\n" not in endings:  # a newline, followed by a character where blank lines end replies
-        chars += (['"\\n" ' + c for c in chars] if "\n\n" in endings else ['"\\n"'])
+    last = ""
+    if "\n\n" in endings and "\n" not in endings:  # no blank line: a newline, then a character
+        chars += ['"\\n" ' + c for c in chars]
+        last = ' "\\n"?'  # or the `]` that ends the call
+    elif "\n" not in endings:
+        chars.append('"\\n"')
     rules.append(f"{rule}c ::= {' | '.join(chars)}")
-    rules.append(f"{rule} ::= [!#-&(-Z\\\\^-_a-~] {rule}c*")
+    rules.append(f"{rule} ::= [!#-&(-Z\\\\^-_a-~] {rule}c*{last}")
     return rule
 
 

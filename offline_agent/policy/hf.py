@@ -169,11 +169,13 @@ class HFPolicy:
             logits = self.model(last[:, None], attention_mask=mask,
                                 position_ids=mask.sum(1, keepdim=True) - 1, cache=cache)
             logits = logits.logits[:, -1].float()
-            allowed = logits
-            if any(constrained[r] for r in active):  # raw logits stay for the logprobs
-                allowed = self.grammars.mask(logits, [constrained[r] for r in active],
-                                             left=sampling.max_new_tokens - step)
-            tokens = _pick(allowed, [generators[r] for r in active], temps, sampling.top_p)
+            rows_now = [constrained[r] for r in active]
+            if any(rows_now):  # raw logits stay for the logprobs
+                allowed = self.grammars.mask(logits, rows_now, left=sampling.max_new_tokens - step)
+                tokens = _pick(allowed, [generators[r] for r in active], temps, sampling.top_p)
+                tokens = self.grammars.settle(tokens, rows_now)
+            else:
+                tokens = _pick(logits, [generators[r] for r in active], temps, sampling.top_p)
             token_logprobs = logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0].tolist()
             keep = []
             for i, r in enumerate(active):
