@@ -29,13 +29,14 @@ def import_xgrammar():
 @dataclass
 class RowState:
     """One constrained row: its grammar, its matcher, the characters it has written, whether
-    it is closing its call, and this step's logits under the grammar alone (None: closing)."""
+    it is closing its call, and this step's redirect (the turn-ending tokens the grammar
+    forbids, and the token that closes the call instead; None where the row may not end)."""
 
     grammar: CallGrammar
     matcher: object
     chars: int = 0
     closing: bool = False
-    masked: torch.Tensor | None = None
+    redirect: tuple[torch.Tensor, int] | None = None
     tail: bytes = b""  # the text's last bytes, where a stop string may have begun
 
 
@@ -84,17 +85,18 @@ class GrammarMasks:
             rows[i].matcher.fill_next_token_bitmask(bitmask, i)
         out = logits.clone()
         self.xgr.apply_token_bitmask_inplace(out, bitmask.to(out.device), indices=constrained)
-        enders = torch.tensor(self.enders, device=out.device)
         for i in constrained:
             row, g = rows[i], rows[i].grammar
             row.closing |= left <= g.horizon or row.chars + self.longest + g.horizon > g.max_chars
-            can_end = not row.closing and bool((out[i][enders] > float("-inf")).any())
-            row.masked = out[i].clone() if can_end else None
+            ender = None if row.closing else next(
+                (t for t in self.enders if out[i, t] > float("-inf")), None)
+            row.redirect = None
             if row.closing:
                 self._close(out[i])
-            elif can_end:
-                ends = self._ends(g.stop, row.tail).to(out.device)
-                out[i][ends] = logits[i][ends]
+            elif ender is not None:
+                forbidden = self._ends(g.stop, row.tail).to(out.device) & (out[i] == float("-inf"))
+                out[i][forbidden] = logits[i][forbidden]
+                row.redirect = (forbidden, ender)
         return out
 
     def settle(self, tokens: torch.Tensor, rows: list[RowState | None]) -> torch.Tensor:
@@ -102,9 +104,9 @@ class GrammarMasks:
         replaced by end-of-turn or else `]`, whichever it allows; the row then closes its call.
         (`mask` lets a row end only where one of them is allowed: bracket text can close.)"""
         for i, row in enumerate(rows):
-            if row is not None and row.masked is not None and row.masked[tokens[i]] == float("-inf"):
+            if row is not None and row.redirect is not None and row.redirect[0][tokens[i]]:
                 row.closing = True
-                tokens[i] = next(t for t in self.enders if row.masked[t] > float("-inf"))
+                tokens[i] = row.redirect[1]
         return tokens
 
     def _ends(self, stop: tuple[str, ...], tail: bytes) -> torch.Tensor:
@@ -131,10 +133,12 @@ class GrammarMasks:
             row[closer] = keep
 
     def advance(self, row: RowState, token: int) -> bool:
-        """Feed the row's new token; True once the call and its end-of-turn are complete."""
+        """Feed the row's new token; True once the call and its end (end-of-turn, or a stop
+        string: free text never holds one, so the text ending in one is past the call)."""
         if not row.matcher.accept_token(token):
             raise RuntimeError(f"token {token} was drawn against the grammar's mask")
         row.chars += self.lengths[token]
         if token < len(self.pieces):
             row.tail = (row.tail + self.pieces[token])[-8:]
-        return row.matcher.is_terminated()
+        return row.matcher.is_terminated() or row.tail.endswith(
+            tuple(s.encode() for s in row.grammar.stop))

@@ -182,8 +182,8 @@ class HFPolicy:
                 ids[r].append(int(tokens[i]))
                 logprobs[r].append(token_logprobs[i])
                 row = constrained[r]
-                done = row is not None and self.grammars.advance(row, ids[r][-1])
-                if not (done or self._stopped(ids[r], row.grammar.stop if row else sampling.stop)):
+                if not (self.grammars.advance(row, ids[r][-1]) if row
+                        else self._stopped(ids[r], sampling.stop)):
                     keep.append(i)
             if not keep:
                 break

@@ -100,9 +100,8 @@ class VLLMPolicy:
                 grammar: CallGrammar | None):
         """One row's SamplingParams. A row with a grammar decodes under vLLM's structured
         outputs and ends with its call, or at a stop string the grammar allows after it, as in
-        HFPolicy. vLLM has no hook for
-        the hf backend's closing steer (policy/constrained.py), so a call still open at
-        max_tokens is cut there and comes back invalid."""
+        HFPolicy. vLLM has no hook for the hf backend's closing steers (policy/constrained.py),
+        so a call still open at max_tokens is cut there and comes back invalid."""
         structured = None
         if grammar is not None:
             from vllm.sampling_params import StructuredOutputsParams
