@@ -10,6 +10,7 @@ import pytest
 from offline_agent.envs.base import StepResult
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.mcts import (
+    Candidate,
     Critique,
     Node,
     Rank,
@@ -18,6 +19,7 @@ from offline_agent.search.mcts import (
     action_key,
     backup,
     child_value,
+    choose_children,
     drive,
     interleave,
     puct,
@@ -95,8 +97,14 @@ def test_an_unvisited_terminal_child_is_worth_its_reward():
     bought = Node(id=1, parent=0, depth=1, terminal=True, reward=0.75, critic_score=0.1)
     wrong = Node(id=2, parent=0, depth=1, terminal=True, reward=0.0, critic_score=0.9)
     assert child_value(bought, 0.5, 0.5) == 0.75 and child_value(wrong, 0.5, 0.5) == 0.0
-    bought.visits, bought.value_sum = 2, 1.5  # once visited, eq. 10 as for any child
-    assert child_value(bought, 0.5, 0.5) == pytest.approx(0.5 * 0.75 + 0.5 * 0.1)
+    wrong.visits = 1  # visited: still its exact reward, not eq. 10's mix with the critic's 0.9
+    bought.visits, bought.value_sum = 2, 1.5
+    assert child_value(bought, 0.5, 0.5) == 0.75 and child_value(wrong, 0.5, 0.5) == 0.0
+    tree = Tree(task=Task(id="t", env="e", instruction=""),
+                nodes=[Node(id=0, parent=None, depth=0, visits=2, children=[1, 2, 3]), bought,
+                       wrong, Node(id=3, parent=0, depth=1, critic_score=0.0)])
+    bought.reward = 0.0  # both known failures: the unvisited child is tried next
+    assert select_child(tree, tree.root, SearchConfig(c=1.0, alpha=0.5)).id == 3
     # a child one listed step from an ending is worth at least that ending until visited
     opened = Node(id=3, parent=0, depth=1, ending=0.9, critic_score=0.2)
     assert child_value(opened, 0.5, 0.5) == 0.9
@@ -133,6 +141,19 @@ def test_children_are_the_first_k_distinct_proposals_valid_first():
                         (4, ["go[right]", "go[left]", "jump"])):
         tree = run_search(SearchConfig(simulations=1, k=k, oversample=3, max_depth=2), proposals)
         assert [tree.nodes[i].action for i in tree.root.children] == expected
+
+
+def test_proposals_the_env_scored_come_first_behind_the_greedy_one():
+    def candidate(text, reward=0.0, done=False, ending=None):
+        return Candidate(text, None, StepResult("", reward=reward, done=done), {}, ending, None)
+
+    greedy, run, junk = candidate("greedy"), candidate("run"), candidate("junk", done=True)
+    passed, half = candidate("passed", 1.0, done=True), candidate("half", ending=0.5)
+    sampled = [greedy, run, junk, half, passed]
+    cfg = SearchConfig(k=3, listed=0)
+    assert choose_children(sampled, [], cfg) == [greedy, passed, half]
+    off = SearchConfig(k=3, listed=0, finish=False)  # without finish: proposal order
+    assert choose_children(sampled, [], off) == [greedy, run, junk]
 
 
 def test_listed_actions_take_their_slots_in_the_policys_order():

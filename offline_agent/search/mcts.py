@@ -195,13 +195,15 @@ def puct(q: float, prior: float, n_parent: int, n_child: int, c: float) -> float
 
 def child_value(node: Node, alpha: float, uniform: float) -> float:
     """Agent Q eq. 10, alpha*Q_mcts + (1-alpha)*Q_critic, once visited; before that, the
-    critic's score alone (`uniform` without a critic), so the AI critique orders first visits,
-    except for a terminal child, whose reward the env gave when it was expanded."""
+    critic's score alone (`uniform` without a critic), so the AI critique orders first visits.
+    A terminal child is worth the reward the env gave it when it was expanded, visited or not:
+    that score is exact, and mixing in the critic's guess made search re-select endings known
+    to fail (a simulation that learns nothing)."""
+    if node.terminal:
+        return node.reward
     critic = uniform if node.critic_score is None else node.critic_score
     if node.visits:
         return alpha * node.q + (1 - alpha) * critic
-    if node.terminal:
-        return node.reward
     return critic if node.ending is None else node.ending
 
 
@@ -360,10 +362,14 @@ def choose_children(sampled: list[Candidate], listed: list[Candidate],
                     cfg: SearchConfig) -> list[Candidate]:
     """The first k of: valid proposals and min(cfg.listed, available) listed actions in the
     first k slots, then the other valid and listed ones, then one invalid proposal. With
-    cfg.finish, listed actions that end well (or lead to a good ending) come first."""
+    cfg.finish, listed actions that end well (or lead to a good ending) come first, and so do
+    the proposals after the first (the greedy one) that the env already scored above 0: every
+    proposal was stepped, and a `submit` that passed should not be dropped for being drawn
+    fifth."""
+    valid = [c for c in sampled if not c.result.invalid]
     if cfg.finish:
         listed = sorted(listed, key=lambda c: -c.end_value)
-    valid = [c for c in sampled if not c.result.invalid]
+        valid = valid[:1] + sorted(valid[1:], key=lambda c: -max(c.end_value, 0.0))
     invalid = [c for c in sampled if c.result.invalid][:1]
     m = min(cfg.listed, len(listed))
     return (valid[:cfg.k - m] + listed[:m] + valid[cfg.k - m:] + listed[m:] + invalid)[:cfg.k]
