@@ -7,7 +7,8 @@ the number `make demo` prints on a larger sample of tasks.
     .venv/bin/python benchmarks/search_vs_greedy.py --tasks 32
     .venv/bin/python benchmarks/search_vs_greedy.py --tasks 16 --set simulations=12 k=4
     .venv/bin/python benchmarks/search_vs_greedy.py --env math --tasks 32
-    .venv/bin/python benchmarks/search_vs_greedy.py --env python --first 28 --tasks 12
+    .venv/bin/python benchmarks/search_vs_greedy.py --env python --first 28 --tasks 12 \
+        --max-steps 4 --config configs/python.yaml
 """
 
 from __future__ import annotations

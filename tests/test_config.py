@@ -91,9 +91,13 @@ def test_yaml_round_trip_and_help():
     assert all(len(line.split("  ", 2)) == 3 and line.split("  ", 2)[2] for line in lines)
 
 
-def test_default_yaml_loads():
-    cfg = RunConfig.load(Path(__file__).parents[1] / "configs" / "default.yaml")
+def test_shipped_configs_load():
+    configs = Path(__file__).parents[1] / "configs"
+    cfg = RunConfig.load(configs / "default.yaml")
     assert cfg.model.device == "cpu" and cfg.env.name == "minishop"
+    python = RunConfig.load(configs / "python.yaml")
+    assert python.env.name == "python" and python.search.expand_temperature == 0.7
+    assert all(RunConfig.load(path).run.name == path.stem for path in configs.glob("*.yaml"))
 
 
 def test_help_strings_are_one_or_two_lines():
