@@ -1,9 +1,9 @@
-"""Tasks solved by the best of N sampled first actions, per temperature: the breadth search
-has to work with. For Python tasks a first action's code is submitted whatever its tool
-(`run_tests[...]` too), so a sample counts if its code passes every hidden test.
+"""Python tasks solved by the best of N sampled first actions, per temperature, against the
+greedy one: the breadth search has to work with. A first action's code is submitted whatever
+its tool (`run_tests[...]` too), so a sample counts if its code passes every hidden test.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/best_of_n.py --env python --first 28 \\
-        --tasks 12 --samples 8 --temperatures 0.7 1.0
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/best_of_n.py --first 28 --tasks 12 \\
+        --samples 8 --temperatures 0.7 1.0
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import argparse
 import time
 
 from offline_agent.chat import history_messages, render_prompt
-from offline_agent.envs.base import load_env
+from offline_agent.envs.python_tasks import PythonTasks
 from offline_agent.policy import DEFAULT_MODEL, load_policy
 from offline_agent.policy.base import Sampling
 
 
 def first_action_reward(env, task, text: str) -> float:
-    """The reward of `text` as the first action, its code submitted if it did not end."""
+    """The reward of `text` as the first action; a valid run_tests has its code submitted."""
     env.reset(task)
     call, result = env.act(text)
-    if call is not None and not result.done and "code" in call.arguments:
+    if call is not None and call.name == "run_tests" and not result.invalid:
         _, result = env.act(f"submit[{call.arguments['code']}]")
     return result.reward
 
@@ -29,7 +29,6 @@ def first_action_reward(env, task, text: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--env", default="python")
     ap.add_argument("--first", type=int, default=0, help="index of the first train task")
     ap.add_argument("--tasks", type=int, default=12)
     ap.add_argument("--samples", type=int, default=8, help="N, samples per task and temperature")
@@ -37,7 +36,7 @@ def main() -> None:
     args = ap.parse_args()
 
     policy = load_policy(args.model, device="cpu")
-    env = load_env(args.env)
+    env = PythonTasks()
     tasks = env.tasks("train", args.first + args.tasks)[args.first:]
     prompts = [render_prompt(policy.tokenizer, history_messages(
         env.system_prompt(), t.instruction, env.reset(t), [], env.demonstration())) for t in tasks]

@@ -11,9 +11,9 @@ sequential driver serves them one at a time. The algorithm is the same in both.
 Selection is UCB1 as in Agent Q eq. 7, `Q + c*sqrt(log N(parent) / (1 + N(child)))`, or
 PUCT with the critic's score as prior, where a visited child's Q is eq. 10's
 `alpha*Q_mcts + (1-alpha)*critic score` and an unvisited child's is its critic score (the AI
-critique orders first visits), or what the env already knows of it: a terminal child's
-reward, or the best ending one listed step on (`cfg.finish`). Backup keeps a running mean of
-returns (Q_mcts).
+critique orders first visits), or the best ending one listed step on (`cfg.finish`). A
+terminal child's Q is the reward the env gave it, visited or not. Backup keeps a running mean
+of returns (Q_mcts).
 
 Where the env lists its actions, search also spends env steps, which cost microseconds in a
 simulator with snapshots, to save model calls, which cost seconds on a CPU: the endings a
