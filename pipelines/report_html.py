@@ -86,7 +86,9 @@ def _success_chart(policies: list[dict]) -> str:
     rates = [100 * (e["success_rate"] or 0) for e in policies]
     lo = [r - 100 * e["ci95"][0] if e["ci95"] else 0 for r, e in zip(rates, policies)]
     hi = [100 * e["ci95"][1] - r if e["ci95"] else 0 for r, e in zip(rates, policies)]
-    ax.bar(labels, rates, width=0.6, yerr=[lo, hi], capsize=6, color="#4c78a8")
+    bars = ax.bar(labels, rates, width=0.6, yerr=[lo, hi], capsize=6, color="#4c78a8")
+    for i, bar in enumerate(bars):
+        bar.set_gid(f"bar-{i}")  # <g id="bar-i"> in the SVG: one per policy (the browser test)
     for i, (rate, up, e) in enumerate(zip(rates, hi, policies)):
         ax.annotate(f"{rate:.1f}% (n={e['n_tasks']})", (i, rate + up), xytext=(0, 4),
                     textcoords="offset points", ha="center", fontsize=8)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -144,19 +145,81 @@ def test_report_verb_without_a_run(tmp_path, capsys):
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed "
+                                    "(.ci/run installs Debian's chromium)")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
-def test_page_renders_in_a_browser(run_dir, tmp_path):
-    """Chromium draws the page (offline) into a PNG that is neither blank nor tiny."""
+def chromium(page: Path, tmp_path: Path, screenshot: Path | None = None) -> tuple[str, list[str]]:
+    """(the DOM after the page's scripts ran, the console lines it printed), from headless
+    Chromium offline; with `screenshot`, a 1200x2000 PNG of it there as well."""
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'chromium-profile'}", "--enable-logging=stderr",
+             "--v=0", "--window-size=1200,2000"]
+    if screenshot:
+        subprocess.run(flags + [f"--screenshot={screenshot}", page.as_uri()], check=True,
+                       capture_output=True, timeout=120)
+    done = subprocess.run(flags + ["--dump-dom", page.as_uri()], check=True,
+                          capture_output=True, text=True, timeout=120)
+    return done.stdout, [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+
+
+@needs_chromium
+def test_report_page_in_a_browser(run_dir, tmp_path):
+    """What a person looks for: a table row per policy, one bar per policy in the chart, the
+    training curves, no script errors; and a PNG that is neither blank nor tiny."""
     import matplotlib.image
 
     with Store(run_dir / "store.duckdb", read_only=True) as store:
-        page = write_report(run_dir, build_report(store, EvalConfig()))
-    png = tmp_path / "shot.png"
-    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
-                    f"--screenshot={png}", "--window-size=1200,2000", page.as_uri()],
-                   check=True, capture_output=True, timeout=120)
+        report = build_report(store, EvalConfig())
+    page = write_report(run_dir, report)
+    png = tmp_path / "report.png"
+    dom, console = chromium(page, tmp_path, png)
+    assert console == []
+    policies = [p["policy"] for p in report["policies"]]
+    rows = re.findall(r"<tr>(.*?)</tr>", dom, re.S)
+    first_cells = [re.sub(r"<.*?>", "", re.split(r"</t[dh]>", r)[0]).strip() for r in rows]
+    for policy in policies:
+        assert policy in first_cells
+    svgs = re.findall(r"<svg.*?</svg>", dom, re.S)
+    assert len(svgs) == 2  # success chart, training curves
+    assert sorted(re.findall(r'<g id="(bar-\d+)"', svgs[0])) == [f"bar-{i}" for i in range(3)]
+    for policy in policies:
+        assert f">{policy}<" in svgs[0]  # each bar labelled
     pixels = matplotlib.image.imread(png)
     assert pixels.shape[:2] == (2000, 1200)
     assert pixels[:, :, :3].std() > 0.05  # text, tables and charts, not an empty page
+
+
+def tree_nodes() -> list[dict]:
+    """A root with two children (one a success, one invalid) and a grandchild."""
+    def node(i, parent, visits, value, **kw):
+        return {"node_id": i, "parent_id": parent, "depth": 0 if parent is None else 1,
+                "action": f"click[item {i}]", "observation": f"page <{i}>", "visits": visits,
+                "value_sum": value, "critic_rank": None, "critic_score": 0.5, "ending": None,
+                "reward": kw.get("reward", 0.0), "terminal": kw.get("terminal", False),
+                "invalid": kw.get("invalid", False)}
+    return [node(0, None, 3, 1.5), node(1, 0, 2, 1.5, reward=1.0, terminal=True),
+            node(2, 0, 1, 0.0, invalid=True), node(3, 1, 0, 0.0)]
+
+
+@needs_chromium
+def test_tree_page_in_a_browser(tmp_path):
+    """The tree page draws a circle per node and, clicked, shows that node's action and
+    observation (escaped), with no script errors."""
+    from pipelines.treeview import render_html
+
+    page = render_html(tree_nodes(), "task t007")
+    click = ("<script>document.querySelectorAll('circle')[1]"
+             ".dispatchEvent(new MouseEvent('click'));</script></body>")
+    path = tmp_path / "tree.html"
+    path.write_text(page.replace("</body>", click))
+    dom, console = chromium(path, tmp_path)
+    assert console == []
+    circles = re.findall(r"<circle [^>]*>", dom)
+    assert len(circles) == 4
+    clicked = re.search(r'data-id="(\d+)"', circles[1]).group(1)
+    assert [c for c in circles if 'class="sel"' in c] == [circles[1]]
+    info = dom[dom.index('id="info"'):]
+    assert f"node {clicked}</b>" in info
+    assert f"click[item {clicked}]" in info and f"page &lt;{clicked}&gt;" in info  # escaped

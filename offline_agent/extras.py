@@ -1,0 +1,31 @@
+"""Optional dependencies: a feature that needs one names the extra that installs it."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+EXTRAS = {  # module -> (extra, what needs it); pyproject.toml's [project.optional-dependencies]
+    "bitsandbytes": ("qlora", "train.quantization: 4bit (QLoRA)"),
+    "matplotlib": ("report", "the report stage's charts"),
+    "networkx": ("tree", "`offline-agent tree`"),
+}
+
+
+class MissingExtra(ImportError):
+    pass
+
+
+def missing(module: str) -> str | None:
+    """The one-line error for `module` when it is not installed, else None."""
+    if importlib.util.find_spec(module) is not None:
+        return None
+    extra, feature = EXTRAS[module]
+    return f"{feature} needs {module}: pip install 'offline-agent[{extra}]'"
+
+
+def require(module: str):
+    """Import `module`, or raise MissingExtra naming the extra that installs it."""
+    if error := missing(module):
+        raise MissingExtra(error)
+    return importlib.import_module(module)
