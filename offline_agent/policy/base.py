@@ -43,11 +43,12 @@ class Completion:
     # generated ids that produce `text` (the fewest; a token in which the stop string begins is
     # kept), followed by the eos id when eos ended the turn (not decoded into `text`)
     token_ids: list[int]
-    # log-prob of each id under the raw model (temperature 1, no top-p), as GRPO needs
+    # log-prob of each id under the raw model (temperature 1, no top-p): what an
+    # importance ratio (the planned GRPO stage) needs
     logprobs: list[float]
     finish_reason: str = "length"  # "stop" (eos or stop string) | "length"
     # drawn under a tool-call grammar. `logprobs` are still those of the unconstrained model:
-    # what DPO and RFT recompute; an importance ratio (GRPO) would need the masked distribution
+    # what DPO and RFT recompute; an importance ratio (planned GRPO) would need the masked one
     constrained: bool = False
     # the ids of `text` that training uses for this action: they decode to exactly `text` (no
     # eos). All of `token_ids` but a final eos, except where the stop string began inside a
@@ -61,7 +62,8 @@ class Completion:
 
 
 class Policy(Protocol):
-    """What search, eval and GRPO need from a generation backend."""
+    """What search, baselines and eval need from a generation backend (and the planned
+    GRPO stage: per-token logprobs)."""
 
     tokenizer: object
 
