@@ -113,7 +113,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--task", required=True, metavar="ID", help="task id, e.g. minishop-train-00003")
     t.add_argument("--round", type=round_number, metavar="N",
                    help="the tree round N searched (stage search@N of run.iterations; default: "
-                   "the latest round holding a tree of the task, as before --round existed)")
+                   "the latest round with a tree of the task)")
     t.add_argument("--format", choices=("html", "graphml"), default="html")
     t.add_argument("--out", type=Path, help="output file (default: RUN_DIR/trees/ID.FORMAT, or "
                    "ID@N.FORMAT for round N >= 2, the id made safe as a file name)")
