@@ -100,6 +100,9 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--hub", metavar="REPO_ID", help="push to this Hub dataset repo")
     e.add_argument("--private", action="store_true", help="create the Hub repo as private")
     e.add_argument("--revision", metavar="BRANCH", help="push to this branch (created if new)")
+    e.add_argument("--round", type=round_number, default=1, metavar="N",
+                   help="export round N's mined data (stage mine@N of run.iterations; "
+                   "default: round 1's, stage mine)")
     e.set_defaults(func=cmd_export)
 
     t = sub.add_parser("tree", help="draw one task's search tree as an HTML page or GraphML",
@@ -108,9 +111,12 @@ def parser() -> argparse.ArgumentParser:
                        "Gephi or yEd.")
     t.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     t.add_argument("--task", required=True, metavar="ID", help="task id, e.g. minishop-train-00003")
+    t.add_argument("--round", type=round_number, metavar="N",
+                   help="the tree round N searched (stage search@N of run.iterations; default: "
+                   "the latest round with a tree of the task)")
     t.add_argument("--format", choices=("html", "graphml"), default="html")
-    t.add_argument("--out", type=Path, help="output file (default: RUN_DIR/trees/ID.FORMAT, the id "
-                   "made safe as a file name)")
+    t.add_argument("--out", type=Path, help="output file (default: RUN_DIR/trees/ID.FORMAT, or "
+                   "ID@N.FORMAT for round N >= 2, the id made safe as a file name)")
     t.set_defaults(func=cmd_tree)
 
     rep = sub.add_parser("report", help="write RUN_DIR/report/ (report.json, index.html) again",
@@ -128,6 +134,13 @@ def parser() -> argparse.ArgumentParser:
                    help='constructor arguments as a JSON object, e.g. \'{"max_steps": 8}\'')
     c.set_defaults(func=cmd_check_env)
     return p
+
+
+def round_number(text: str) -> int:
+    """A --round value: 1, 2, ..."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a round number (1, 2, ...)")
+    return int(text)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -228,11 +241,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.out and args.out.exists() and any(args.out.iterdir()):
         raise FileExistsError(f"{args.out} exists and is not empty; export into a new folder")
+    from pipelines.stages.rounds import round_name, stored_rounds
+
     cfg = RunConfig.load(args.run_dir / "config.yaml")
     env = make_env(cfg)
     out = args.out or args.run_dir / "export"
     with Store(args.run_dir / "store.duckdb", read_only=True) as store:
-        counts = export(store, out, env.tools, cfg.to_dict())
+        rounds = stored_rounds(store.stages, "mine")
+        if args.round > 1 and args.round not in rounds:  # round 1: export() says what is missing
+            raise UsageError(f"--round {args.round}: the run has no round {args.round} (stage "
+                             f"{round_name('mine', args.round)!r}); rounds with a mine stage: "
+                             f"{', '.join(map(str, rounds)) or 'none yet'}")
+        counts = export(store, out, env.tools, cfg.to_dict(), round_name("mine", args.round))
     print(f"dataset: {out}  rows: " + ", ".join(f"{c} {n}" for c, n in counts.items()))
     if args.hub:
         url = push(out, args.hub, args.private, args.revision)
@@ -247,23 +267,40 @@ def cmd_tree(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out} is a directory; give a file, e.g. "
                          f"{args.out / tree_path(Path(), args.task, args.format).name}")
     with Store(args.run_dir / "store.duckdb", read_only=True) as store:
-        trees = {t["task_id"]: t for t in store.trees()}
-        if args.task not in trees:
-            known = ", ".join(list(trees)[:5]) or "none yet"
-            raise StoreError(f"no search tree for task {args.task!r} (trees: {known}, ...)")
-        tree = trees[args.task]
+        r, tree = _task_tree(store, args.task, args.round)
         nodes = store.load_tree(tree["tree_id"])
         instruction = next((t.instruction for t in store.tasks() if t.id == args.task), "")
-    out = args.out or tree_path(args.run_dir, args.task, args.format)
+    out = args.out or tree_path(args.run_dir, args.task, args.format, r)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.format == "graphml":
         write_graphml(nodes, out)
     else:
-        title = (f"{args.task}: {instruction} ({tree['simulations_done']} simulations, "
+        in_round = f"round {r}, " if r > 1 else ""
+        title = (f"{args.task}: {instruction} ({in_round}{tree['simulations_done']} simulations, "
                  f"best reward {tree['best_reward']})")
         out.write_text(render_html(nodes, title))
-    print(f"wrote {out} ({len(nodes)} nodes)")
+    print(f"wrote {out} ({len(nodes)} nodes{f', round {r}' if r > 1 else ''})")
     return 0
+
+
+def _task_tree(store: Store, task: str, r: int | None) -> tuple[int, dict]:
+    """(round, tree row) of `task`'s tree in round r, or in the latest round holding one."""
+    from pipelines.stages.rounds import round_name, stored_rounds
+
+    rounds = stored_rounds(store.trees, "search")
+    trees = {n: t for n in rounds for t in store.trees(round_name("search", n))
+             if t["task_id"] == task}
+    if not trees:
+        known = ", ".join(list(dict.fromkeys(t["task_id"] for t in store.trees()))[:5])
+        known = known or "none yet"
+        raise StoreError(f"no search tree for task {task!r} (trees: {known}, ...)")
+    if r is None:
+        r = max(trees)
+    if r not in trees:
+        raise UsageError(f"--round {r}: no search tree for task {task!r} in round {r} (stage "
+                         f"{round_name('search', r)!r}); rounds with one: "
+                         f"{', '.join(map(str, sorted(trees)))}")
+    return r, trees[r]
 
 
 def cmd_report(args: argparse.Namespace) -> int:

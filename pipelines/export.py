@@ -69,12 +69,13 @@ def openai_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-def config_rows(store: Store, tools: str, include_hindsight_in_rft: bool) -> dict[str, list]:
-    """Every config's rows, from the pairs and examples round 1's `mine` stage stored (later
-    rounds of run.iterations keep theirs in the store, as mine@k)."""
+def config_rows(store: Store, tools: str, include_hindsight_in_rft: bool,
+                mine: str) -> dict[str, list]:
+    """Every config's rows, from the pairs and examples stage `mine` stored (round 1's
+    `mine`, or round k's `mine@k` of run.iterations)."""
     run_id = store.run_id
     rows: dict[str, list] = {c: [] for c in CONFIGS}
-    for p in store.pairs(stage="mine"):
+    for p in store.pairs(stage=mine):
         row = {"prompt": openai_messages(p["prompt"]), "chosen": openai_messages(p["chosen"]),
                "rejected": openai_messages(p["rejected"]), "tools": tools, "run_id": run_id,
                "task_id": p["task_id"], "env": p["env"], "kind": p["kind"],
@@ -85,7 +86,7 @@ def config_rows(store: Store, tools: str, include_hindsight_in_rft: bool) -> dic
         else:
             rows["trajectory_pairs"].append({**row, "chosen_traj": p["chosen_ref"],
                                              "rejected_traj": p["rejected_ref"]})
-    for e in store.examples(stage="mine"):
+    for e in store.examples(stage=mine):
         row = {"messages": openai_messages(e["messages"]), "tools": tools, "run_id": run_id,
                "task_id": e["task_id"], "env": e["env"], "instruction": e["instruction"],
                "source_traj": e["source_traj"]}
@@ -116,7 +117,8 @@ def write_dataset(out: Path, rows: dict[str, list], card: str) -> dict[str, int]
     return {config: len(data) for config, data in rows.items()}
 
 
-def dataset_card(counts: dict[str, int], config: dict, run_id: str, model: str) -> str:
+def dataset_card(counts: dict[str, int], config: dict, run_id: str, model: str,
+                 mine: str) -> str:
     header = {"configs": [{"config_name": c, "data_files": [
         {"split": "train", "path": f"data/{c}/train-*"}]} for c in CONFIGS],
         "tags": ["trl", "dpo", "agent", "tool-use", "mcts", "offline-agent"]}
@@ -134,7 +136,7 @@ verifier). `pairs` holds step-level preferences between sibling actions whose va
 Q = alpha*Q_mcts + (1-alpha)*critic differ by at least theta; `trajectory_pairs` a
 successful vs a failed episode of one task (outcome DPO); `rft` successful episodes for
 rejection-sampling fine-tuning; `hindsight` failed episodes relabeled with the goal they
-reached, each verified by replaying its actions under the new goal.
+reached, each verified by replaying its actions under the new goal.{_round_note(mine)}
 
 | config | rows |
 |---|---|
@@ -155,13 +157,22 @@ arguments as JSON strings and `tools` is the JSON list of the environment's tool
 """
 
 
-def export(store: Store, out: Path, tools: list[dict], config: dict) -> dict[str, int]:
-    """Write the store's mined data to the dataset folder `out`; rows per config."""
-    if store.stage("mine") is None or store.stage("mine")["status"] != "done":
-        raise ExportError("nothing to export: the run has no finished `mine` stage yet")
-    rows = config_rows(store, json.dumps(tools), config["mine"]["rft_hindsight"])
+def _round_note(mine: str) -> str:
+    if mine == "mine":
+        return ""
+    return (f"\nThese rows are stage `{mine}`'s, a later round of `run.iterations`: its "
+            "search ran with the adapters the\nearlier rounds trained merged into that policy.")
+
+
+def export(store: Store, out: Path, tools: list[dict], config: dict,
+           mine: str = "mine") -> dict[str, int]:
+    """Write the pairs and examples of stage `mine` (a round's mine stage, round 1's by
+    default) to the dataset folder `out`; rows per config."""
+    if store.stage(mine) is None or store.stage(mine)["status"] != "done":
+        raise ExportError(f"nothing to export: the run has no finished `{mine}` stage yet")
+    rows = config_rows(store, json.dumps(tools), config["mine"]["rft_hindsight"], mine)
     counts = {c: len(r) for c, r in rows.items()}
-    card = dataset_card(counts, config, store.run_id, config["model"]["id"])
+    card = dataset_card(counts, config, store.run_id, config["model"]["id"], mine)
     return write_dataset(out, rows, card)
 
 

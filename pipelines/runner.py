@@ -40,6 +40,7 @@ class Stage:
     sections: tuple[str, ...]  # config sections the results depend on (hashed)
     fn: Callable[[StageContext], dict]  # does the work, calls ctx.mark_done(stats), returns stats
     shard: Callable[[RunConfig], str] = unsharded  # 'i/n' for a stage split over machines
+    round: int = 1  # the run.iterations round it belongs to (its name says it too: search@2)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class StageContext:
     progress: Progress
     stage: str
     shard: str
+    round: int  # the stage's run.iterations round: 1, or k for search@k ... eval@k
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -129,7 +131,7 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
     print(f"stage {label}: {verb}", flush=True)
     store.start_stage(stage.name, shard, cfg.hash(stage.sections), cfg.hashed(stage.sections))
     progress.start(stage.name, shard)
-    ctx = StageContext(cfg, run_dir, store, progress, stage.name, shard)
+    ctx = StageContext(cfg, run_dir, store, progress, stage.name, shard, stage.round)
     start = time.perf_counter()
     try:
         stats = stage.fn(ctx)

@@ -16,11 +16,12 @@ from pathlib import Path
 import networkx as nx
 
 
-def tree_path(run_dir: Path, task_id: str, fmt: str) -> Path:
-    """RUN_DIR/trees/<task id>.<fmt>, the id made a plain file name: ids come from the env or
-    a merged shard, and one such as `../../x` must not write outside trees/."""
+def tree_path(run_dir: Path, task_id: str, fmt: str, r: int = 1) -> Path:
+    """RUN_DIR/trees/<task id>.<fmt> (<task id>@<r>.<fmt> for round r >= 2 of run.iterations),
+    the id made a plain file name: ids come from the env or a merged shard, and one such as
+    `../../x` must not write outside trees/."""
     name = re.sub(r"[^A-Za-z0-9._-]", "_", task_id)[:200].lstrip(".") or "_"
-    return run_dir / "trees" / f"{name}.{fmt}"
+    return run_dir / "trees" / (f"{name}.{fmt}" if r == 1 else f"{name}@{r}.{fmt}")
 
 
 def to_graph(nodes: list[dict]) -> nx.DiGraph:

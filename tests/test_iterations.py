@@ -6,6 +6,7 @@ valid calls whose trees hold step pairs; the greedy baseline stage is left out f
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -156,14 +157,19 @@ def test_every_round_is_evaluated_and_reported_and_a_rerun_is_a_no_op(two_rounds
 
 
 def test_round_names_and_the_stage_list():
-    from pipelines.stages.rounds import round_name, round_of
+    from pipelines.stages.rounds import round_name
 
-    assert [round_name("search", k) for k in (1, 2, 12)] == ["search", "search@2", "search@12"]
-    assert [round_of(n) for n in ("train", "train@2", "dpo_step@12", "a@b")] == [1, 2, 12, 1]
+    assert [round_name("search", r) for r in (1, 2, 12)] == ["search", "search@2", "search@12"]
     assert pipeline(1) == STAGES  # one round: the pipeline as it always was
+    assert {s.round for s in STAGES} == {1}
     names = [s.name for s in pipeline(3)]
     assert names[names.index("eval"):] == ["eval", "search@2", "mine@2", "train@2", "eval@2",
                                            "search@3", "mine@3", "train@3", "eval@3", "report"]
+    # each stage carries its round as data, and its stored name is that round's name
+    rounds = {s.name: s.round for s in pipeline(3)}
+    assert [rounds[n] for n in ("search", "eval", "search@2", "eval@2", "mine@3", "report")] == [
+        1, 1, 2, 2, 3, 1]
+    assert all(s.name == round_name(s.name.split("@")[0], s.round) for s in pipeline(3))
     assert {s.shard(RunConfig()) for s in pipeline(3) if "@" in s.name} == {""}
 
 
@@ -183,7 +189,77 @@ def test_a_round_without_the_iterate_policy_stops_with_its_name(tmp_path):
     cfg = RunConfig.from_dict({"train": {"policies": ["rft", "dpo_step"]}})
     with Store(tmp_path / "store.duckdb") as store:
         store.set_checkpoint("train", "", "rft/final", {"folder": "checkpoints/train/rft/final"})
-        ctx = StageContext(cfg, tmp_path, store, Progress(tmp_path), "search@2", "")
+        ctx = StageContext(cfg, tmp_path, store, Progress(tmp_path), "search@2", "", round=2)
         with pytest.raises(RunError, match="round 1's 'dpo_step' policy.*has not trained"):
             make_iterate(ctx)
         assert store.checkpoint("search@2", "", "iterate") is None
+
+
+def test_export_writes_the_chosen_round_and_names_the_rounds_it_has(two_rounds, tmp_path,
+                                                                    capsys):
+    import pyarrow.parquet as pq
+
+    from pipelines.cli import main
+
+    run_dir = two_rounds[0]
+    with Store(run_dir / "store.duckdb", read_only=True) as store:
+        steps = {r: sorted(p["node_id"] for p in store.pairs("step", stage))
+                 for r, stage in ((1, "mine"), (2, "mine@2"))}
+    assert steps[1] and steps[2] and steps[1] != steps[2]
+    for r in (1, 2):
+        assert main(["export", str(run_dir), "--out", str(tmp_path / f"r{r}"), "--round",
+                     str(r)]) == 0
+        assert f"rows: pairs {len(steps[r])}" in capsys.readouterr().out
+        pairs = pq.read_table(tmp_path / f"r{r}" / "data" / "pairs").to_pylist()
+        assert sorted(p["node_id"] for p in pairs) == steps[r]
+    assert "`mine@2`" in (tmp_path / "r2" / "README.md").read_text()
+    assert "`mine@2`" not in (tmp_path / "r1" / "README.md").read_text()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "r3"), "--round", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--round 3: the run has no round 3 (stage 'mine@3')" in err
+    assert "rounds with a mine stage: 1, 2" in err and not (tmp_path / "r3").exists()
+
+
+def test_tree_draws_the_chosen_round_latest_by_default(two_rounds, tmp_path, capsys):
+    from pipelines.cli import main
+
+    run_dir = two_rounds[0]
+    with Store(run_dir / "store.duckdb", read_only=True) as store:
+        task = store.trees("search")[0]["task_id"]
+        ids = {r: {str(n["node_id"]) for t in store.trees(stage) if t["task_id"] == task
+                   for n in store.load_tree(t["tree_id"])}
+               for r, stage in ((1, "search"), (2, "search@2"))}
+    assert ids[1] and ids[2] and not ids[1] & ids[2]
+    for r in (1, 2):
+        out = tmp_path / f"{r}.graphml"
+        argv = ["tree", str(run_dir), "--task", task, "--format", "graphml", "--out", str(out)]
+        assert main(argv + ["--round", str(r)]) == 0
+        assert set(re.findall(r'<node id="(\d+)"', out.read_text())) == ids[r]
+    capsys.readouterr()
+    assert main(["tree", str(run_dir), "--task", task]) == 0  # the latest round, as before
+    assert f"@2.html ({len(ids[2])} nodes, round 2)" in capsys.readouterr().out
+    assert "round 2, 3 simulations" in (run_dir / "trees" / f"{task}@2.html").read_text()
+    assert main(["tree", str(run_dir), "--task", task, "--round", "1"]) == 0
+    assert (run_dir / "trees" / f"{task}.html").is_file()
+    assert main(["tree", str(run_dir), "--task", task, "--round", "3"]) == 2
+    assert (f"--round 3: no search tree for task {task!r} in round 3 (stage 'search@3'); "
+            "rounds with one: 1, 2") in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # argparse's usage error
+        main(["tree", str(run_dir), "--task", task, "--round", "0"])
+    assert exit_.value.code == 2 and "'0' is not a round number" in capsys.readouterr().err
+
+
+def test_the_runner_hands_each_stage_its_round(tmp_path):
+    from pipelines.runner import Stage
+    from tests.fakes import fake_cfg
+
+    seen = []
+
+    def record(ctx):
+        seen.append((ctx.stage, ctx.round))
+        with ctx.store.transaction():
+            ctx.mark_done({})
+        return {}
+
+    run(fake_cfg(), tmp_path, [Stage("a", (), record), Stage("a@3", (), record, round=3)])
+    assert seen == [("a", 1), ("a@3", 3)]

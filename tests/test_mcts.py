@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -284,8 +285,13 @@ def test_duplicates_are_merged_and_critic_scores_stored():
 def test_search_is_deterministic_given_seed():
     cfg = SearchConfig(simulations=12, k=3, max_depth=3, seed=7)
     a, b = run_search(cfg), run_search(cfg)
-    assert [(n.action, n.visits, n.value_sum) for n in a.nodes] == [
-        (n.action, n.visits, n.value_sum) for n in b.nodes]
+    c = run_search(replace(cfg, seed=8))
+
+    def shape(tree: Tree) -> list:
+        return [(n.action, n.parent, n.visits, n.value_sum) for n in tree.nodes]
+
+    assert shape(a) == shape(b)
+    assert shape(c) != shape(a)  # the seed is used: another one grows another tree
 
 
 def test_step_cost_and_max_depth():

@@ -3,7 +3,6 @@ Runs stop after search (`--until search`): the later stages have tests of their 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -11,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.stages.search import KILL_AFTER
 from storage import Store
 
 CONFIG = """\
@@ -39,13 +37,13 @@ def run_search(config: Path, run_dir: Path) -> int:
 
 
 def launch(config: Path, run_dir: Path, kill_after_commits: int) -> subprocess.Popen:
-    """`offline-agent run` in a child process that kills itself after that many commits."""
+    """`offline-agent run` in a child process that kills itself after that many commits
+    (tests/kill_after_commit.py installs the search stage's after_commit hook)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "run", str(config), "--run-dir", str(run_dir),
-         "--until", "search"],
+        [sys.executable, "-m", "tests.kill_after_commit", str(kill_after_commits), "run",
+         str(config), "--run-dir", str(run_dir), "--until", "search"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         cwd=Path(__file__).parents[1],
-        env={**os.environ, KILL_AFTER: str(kill_after_commits)},
     )
 
 

@@ -1,6 +1,7 @@
 """The pipeline, in order. Each stage: (name, config sections its results depend on, function).
 With run.iterations = N, rounds 2..N (search@k, mine@k, train@k, eval@k) follow round 1's
-eval; the report comes last (pipelines/stages/rounds.py).
+eval; the report comes last (pipelines/stages/rounds.py). Each Stage carries its round, which
+the stage function reads as ctx.round.
 
 Stage modules import heavy libraries (torch, transformers) inside their functions, so that
 `offline-agent status` and `--help` stay fast.
@@ -43,7 +44,7 @@ ROUND_SECTIONS = ("run", "env", "model", "search", "mine", "train")
 
 def pipeline(iterations: int) -> list[Stage]:
     """STAGES with rounds 2..iterations inserted before the report."""
-    rounds = [Stage(round_name(name, k), ROUND_SECTIONS + (("eval",) if name == "eval" else ()),
-                    fn)
-              for k in range(2, iterations + 1) for name, fn in ROUND]
+    rounds = [Stage(round_name(name, r), ROUND_SECTIONS + (("eval",) if name == "eval" else ()),
+                    fn, round=r)
+              for r in range(2, iterations + 1) for name, fn in ROUND]
     return STAGES[:-1] + rounds + STAGES[-1:]

@@ -18,18 +18,18 @@ from offline_agent.evaluation import Episode, episode_row, greedy_episodes, summ
 from offline_agent.types import Trajectory
 from pipelines.config import make_env
 from pipelines.runner import StageContext
-from pipelines.stages.rounds import round_model, round_name, round_of
+from pipelines.stages.rounds import round_model, round_name
 
 MODE = "greedy"
 BASE = "base"
 
 
-def eval_policies(store, run_dir: Path, k: int = 1) -> dict[str, str | None]:
-    """{policy: adapter folder}: base (no adapter; round 1 only), then each policy round k
+def eval_policies(store, run_dir: Path, r: int = 1) -> dict[str, str | None]:
+    """{policy: adapter folder}: base (no adapter; round 1 only), then each policy round r
     trained, named for its round. A relative folder is relative to the run directory."""
-    out: dict[str, str | None] = {BASE: None} if k == 1 else {}
-    for name, value in store.final_checkpoints(round_name("train", k)).items():
-        name = round_name(name, k)
+    out: dict[str, str | None] = {BASE: None} if r == 1 else {}
+    for name, value in store.final_checkpoints(round_name("train", r)).items():
+        name = round_name(name, r)
         folder = Path(value["folder"])
         folder = folder if folder.is_absolute() else run_dir / folder
         if not (folder / "adapter_config.json").is_file():
@@ -40,9 +40,9 @@ def eval_policies(store, run_dir: Path, k: int = 1) -> dict[str, str | None]:
 
 
 def run_eval(ctx: StageContext) -> dict:
-    cfg, store, k = ctx.cfg, ctx.store, round_of(ctx.stage)
+    cfg, store = ctx.cfg, ctx.store
     tasks = store.tasks("test")
-    policies = eval_policies(store, ctx.run_dir, k)
+    policies = eval_policies(store, ctx.run_dir, ctx.round)
     total = len(tasks) * len(policies)
     done = sum(len(store.eval_tasks(p, MODE)) for p in policies)
     for name, adapter in policies.items():
@@ -59,7 +59,7 @@ def run_eval(ctx: StageContext) -> dict:
             done += 1
             ctx.progress.update(policy=name, episodes_done=done, episodes=total)
 
-        model = cfg.model if name == BASE else round_model(cfg, store, ctx.run_dir, k)
+        model = cfg.model if name == BASE else round_model(cfg, store, ctx.run_dir, ctx.round)
         _play(ctx, model, adapter, todo, on_done)
     stats = {}
     for name in policies:

@@ -24,19 +24,19 @@ from offline_agent.mining.pairs import distinct_episodes, outcome_pairs
 from offline_agent.types import SUCCESS, Task, step_from_dict
 from pipelines.config import make_env
 from pipelines.runner import StageContext
-from pipelines.stages.rounds import round_name, round_of
+from pipelines.stages.rounds import round_name
 from storage import IDS_PER_ROUND, Store
 
 
-def sources(k: int) -> list[tuple[str, str]]:
-    """(source, stage) of the stored episodes round k mines."""
-    search = [("mcts_rollout", round_name("search", k))]
-    return search + [("greedy", "baseline")] if k == 1 else search
+def sources(r: int) -> list[tuple[str, str]]:
+    """(source, stage) of the stored episodes round r mines."""
+    search = [("mcts_rollout", round_name("search", r))]
+    return search + [("greedy", "baseline")] if r == 1 else search
 
 
 def run_mine(ctx: StageContext) -> dict:
     cfg, store = ctx.cfg, ctx.store
-    search = round_name("search", round_of(ctx.stage))
+    search = round_name("search", ctx.round)
 
     env = make_env(cfg)
     tasks = {t.id: t for t in store.tasks("train")}
@@ -46,7 +46,7 @@ def run_mine(ctx: StageContext) -> dict:
                          f"env is {env.name!r}; mine each env's run on its own")
     context = Context(env.system_prompt(), env.demonstration())
     firsts = {tid: make_env(cfg).reset(task) for tid, task in tasks.items()}
-    trajs = [t for src, stage in sources(round_of(ctx.stage))
+    trajs = [t for src, stage in sources(ctx.round)
              for t in store.trajectories(src, stage) if t["task_id"] in tasks]
 
     steps, stats = mine_step_pairs(store, cfg.mine, context, tasks, search)
@@ -56,7 +56,7 @@ def run_mine(ctx: StageContext) -> dict:
     examples = rft_examples(trajs, context, tasks, firsts)
     examples += [hindsight_example(src, r, context) for src, r in relabels]
     pairs = steps + outcome
-    first = (round_of(ctx.stage) - 1) * IDS_PER_ROUND
+    first = (ctx.round - 1) * IDS_PER_ROUND
     for i, row in enumerate(pairs):
         row["pair_id"] = first + i
     for i, row in enumerate(examples):

@@ -4,6 +4,7 @@ Round 1 is the plain pipeline. Round k >= 2 runs search, mine, train and eval ag
 `search@k`, `mine@k`, `train@k`, `eval@k`; every row a stage writes carries its stage name,
 so each round's trees, episodes, pairs, examples, checkpoints and metrics stay apart (and
 `--force` clears one round only). Round k's trained policies are named `<policy>@k`.
+A stage knows its round as data (Stage.round, ctx.round); the name only labels the rows.
 
 Round k >= 2 searches with, and trains a fresh LoRA on top of, the iterate of round k-1:
 round k-1's model with the final adapter of its `train.iterate` policy merged in, written
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,15 +27,19 @@ from storage import Store
 ITERATE = "iterate"  # search@k's checkpoint key (and folder) of the model round k runs with
 
 
-def round_name(name: str, k: int) -> str:
-    """Round k's name of a stage or policy: unchanged in round 1, `name@k` after."""
-    return name if k == 1 else f"{name}@{k}"
+def round_name(name: str, r: int) -> str:
+    """Round r's name of a stage or policy: unchanged in round 1, `name@r` after."""
+    return name if r == 1 else f"{name}@{r}"
 
 
-def round_of(name: str) -> int:
-    """The round a stage or policy name belongs to (`search@3` -> 3, `search` -> 1)."""
-    _, sep, k = name.rpartition("@")
-    return int(k) if sep and k.isdigit() else 1
+def stored_rounds(rows: Callable[[str], list], name: str) -> list[int]:
+    """The rounds r whose stage `name` left rows (rows(round_name(name, r)), e.g.
+    store.trees and "search"), in order. Rounds run one after another (round r starts from
+    round r-1's training), so the first round without rows ends the list."""
+    out: list[int] = []
+    while rows(round_name(name, len(out) + 1)):
+        out.append(len(out) + 1)
+    return out
 
 
 def trained_policies(store: Store) -> dict[str, dict]:
@@ -41,22 +47,22 @@ def trained_policies(store: Store) -> dict[str, dict]:
     the order each round finished them. A round without any trained policy ends the list:
     no later round can have run (it would start from one)."""
     out: dict[str, dict] = {}
-    k = 1
-    while finals := store.final_checkpoints(round_name("train", k)):
-        out.update({round_name(name, k): value for name, value in finals.items()})
-        k += 1
+    r = 1
+    while finals := store.final_checkpoints(round_name("train", r)):
+        out.update({round_name(name, r): value for name, value in finals.items()})
+        r += 1
     return out
 
 
-def round_model(cfg: RunConfig, store: Store, run_dir: Path, k: int) -> ModelConfig:
-    """The model round k searches with and trains on: cfg.model in round 1, else the iterate
-    search@k wrote (a full model folder, so no adapter)."""
-    if k == 1:
+def round_model(cfg: RunConfig, store: Store, run_dir: Path, r: int) -> ModelConfig:
+    """The model round r searches with and trains on: cfg.model in round 1, else the iterate
+    search@r wrote (a full model folder, so no adapter)."""
+    if r == 1:
         return cfg.model
-    value = store.checkpoint(round_name("search", k), "", ITERATE)
+    value = store.checkpoint(round_name("search", r), "", ITERATE)
     if value is None:
-        raise RunError(f"round {k} has no model yet: stage {round_name('search', k)!r} writes "
-                       f"it (round {k - 1}'s iterate); run that stage first")
+        raise RunError(f"round {r} has no model yet: stage {round_name('search', r)!r} writes "
+                       f"it (round {r - 1}'s iterate); run that stage first")
     return replace(cfg.model, id=str(run_dir / value["folder"]), adapter=None)
 
 
@@ -66,21 +72,21 @@ def iterate_policy(cfg: RunConfig) -> str:
 
 
 def make_iterate(ctx: StageContext) -> dict:
-    """Round k's model (k >= 2): round k-1's model with its iterate policy's final adapter
-    merged in, written to RUN_DIR/checkpoints/search@k/iterate once (a resumed stage reuses
+    """Round r's model (r >= 2): round r-1's model with its iterate policy's final adapter
+    merged in, written to RUN_DIR/checkpoints/search@r/iterate once (a resumed stage reuses
     it); returns the checkpoint recorded for it."""
     from offline_agent.training.model import write_merged
 
-    cfg, store, k = ctx.cfg, ctx.store, round_of(ctx.stage)
+    cfg, store, r = ctx.cfg, ctx.store, ctx.round
     done = store.checkpoint(ctx.stage, ctx.shard, ITERATE)
     if done is not None:
         return done
-    previous = round_model(cfg, store, ctx.run_dir, k - 1)
+    previous = round_model(cfg, store, ctx.run_dir, r - 1)
     policy = iterate_policy(cfg)
-    train = round_name("train", k - 1)
+    train = round_name("train", r - 1)
     final = store.checkpoint(train, "", f"{policy}/final")
     if final is None:
-        raise RunError(f"round {k} starts from round {k - 1}'s {policy!r} policy, which stage "
+        raise RunError(f"round {r} starts from round {r - 1}'s {policy!r} policy, which stage "
                        f"{train!r} has not trained (stats: {(store.stage(train) or {}).get('stats')}); "
                        "set train.iterate to a policy it trained")
     out = ctx.checkpoint_dir / ITERATE
@@ -90,7 +96,7 @@ def make_iterate(ctx: StageContext) -> dict:
                  base_adapter=previous.adapter)
     shutil.rmtree(out, ignore_errors=True)  # a crash between write and record left one
     os.replace(tmp, out)
-    value = {"folder": str(out.relative_to(ctx.run_dir)), "policy": round_name(policy, k - 1),
+    value = {"folder": str(out.relative_to(ctx.run_dir)), "policy": round_name(policy, r - 1),
              "adapter": final["folder"]}
     store.set_checkpoint(ctx.stage, ctx.shard, ITERATE, value)
     return value

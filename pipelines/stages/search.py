@@ -10,20 +10,19 @@ marked done is never searched again.
 
 from __future__ import annotations
 
-import os
-import signal
-
 from offline_agent.envs.base import Env
 from offline_agent.search.mcts import Node, SimulationResult, Tree
 from offline_agent.types import Task, ToolCall, step_to_dict
 from pipelines.config import make_env
 from pipelines.runner import StageContext
-from pipelines.stages.rounds import make_iterate, round_model, round_of
+from pipelines.stages.rounds import make_iterate, round_model
 from storage import TREES_PER_ROUND, Store, make_node_id, rollout_traj_id, split_node_id
 
-# Crash tests: the process SIGKILLs itself right after this many commits, so a test kills a
-# real run at a known point instead of racing a clock (unset or 0: never).
-KILL_AFTER = "OFFLINE_AGENT_SEARCH_KILL_AFTER_COMMIT"
+
+def after_commit(commits: int) -> None:
+    """Called right after each TreeWriter commit with the number of commits so far. A no-op;
+    crash tests replace it (tests/kill_after_commit.py) to kill a real run at a known point
+    instead of racing a clock."""
 
 
 def node_row(tree_id: int, node: Node) -> dict:
@@ -81,7 +80,7 @@ class TreeWriter:
     def __init__(self, store: Store, stage: str, tree_ids: dict[str, int], simulations: int):
         self.store, self.stage, self.tree_ids, self.simulations = store, stage, tree_ids, simulations
         self.best: dict[str, float] = {}
-        self.commits, self.kill_after = 0, int(os.environ.get(KILL_AFTER, "0"))
+        self.commits = 0
 
     def create(self, trees: list[Tree]) -> None:
         """Store new trees with their root nodes."""
@@ -119,8 +118,7 @@ class TreeWriter:
             self.store.insert_trajectories(trajectories, self.stage)
             self.store.upsert_trees([self._tree_row(t) for t in trees.values()], self.stage)
         self.commits += 1
-        if self.commits == self.kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
+        after_commit(self.commits)
 
     def _tree_row(self, tree: Tree) -> dict:
         row = {
@@ -158,21 +156,21 @@ def run_search(ctx: StageContext) -> dict:
     from offline_agent.search.critic import Critic
     from offline_agent.search.searcher import Searcher
 
-    cfg, store, k = ctx.cfg, ctx.store, round_of(ctx.stage)
-    i, n = cfg.search.shard_index if k == 1 else (0, 1)
+    cfg, store = ctx.cfg, ctx.store
+    i, n = cfg.search.shard_index if ctx.round == 1 else (0, 1)
     tasks = store.tasks("train")[i::n]
-    tree_ids = round_tree_ids(store.task_index(), k)
+    tree_ids = round_tree_ids(store.task_index(), ctx.round)
     stored = {t["task_id"]: t for t in store.trees(ctx.stage)}
 
     todo = [t for t in tasks if stored.get(t.id, {}).get("status") != "done"]
     stats: dict = {"trees": len(tasks), "trees_resumed": 0, "trees_skipped": len(tasks) - len(todo)}
-    if k > 1:
+    if ctx.round > 1:
         stats["iterate"] = make_iterate(ctx)  # before any tree: a resume reuses it
     if todo:
         writer = TreeWriter(store, ctx.stage, tree_ids, cfg.search.simulations)
         trees, fresh = load_trees(store, todo, stored, tree_ids, make_env(cfg), writer)
         stats["trees_resumed"] = len(trees) - len(fresh)
-        model = round_model(cfg, store, ctx.run_dir, k)
+        model = round_model(cfg, store, ctx.run_dir, ctx.round)
         policy = load_policy(**vars(model), seed=cfg.run.seed)
         critic = Critic(policy, make_env(cfg)) if cfg.search.critic == "logprob" else None
         writer.create(fresh)
@@ -193,12 +191,12 @@ def run_search(ctx: StageContext) -> dict:
     return stats
 
 
-def round_tree_ids(task_index: dict[str, int], k: int) -> dict[str, int]:
-    """task_id -> the id of its tree in round k: rounds never share a tree, node or
+def round_tree_ids(task_index: dict[str, int], r: int) -> dict[str, int]:
+    """task_id -> the id of its tree in round r: rounds never share a tree, node or
     trajectory id."""
     if len(task_index) > TREES_PER_ROUND:
         raise ValueError(f"{len(task_index)} tasks: tree ids allow {TREES_PER_ROUND} per round")
-    return {task: (k - 1) * TREES_PER_ROUND + idx for task, idx in task_index.items()}
+    return {task: (r - 1) * TREES_PER_ROUND + idx for task, idx in task_index.items()}
 
 
 def search_summary(store: Store, task_ids: list[str], stage: str) -> dict:

@@ -13,7 +13,7 @@ import random
 from pathlib import Path
 
 from pipelines.runner import StageContext
-from pipelines.stages.rounds import round_model, round_name, round_of
+from pipelines.stages.rounds import round_model, round_name
 
 # policy -> the pair kinds it trains on (rft trains on examples instead)
 PAIR_KINDS = {"dpo_outcome": ("trajectory",), "dpo_step": ("step",),
@@ -44,7 +44,7 @@ def run_train(ctx: StageContext) -> dict:
         final = store.checkpoint(ctx.stage, ctx.shard, f"{policy}/final")
         if final is None:
             rows = policy_rows(store, policy, cfg.train.max_pairs, cfg.train.seed,
-                               cfg.mine.rft_hindsight, round_name("mine", round_of(ctx.stage)))
+                               cfg.mine.rft_hindsight, round_name("mine", ctx.round))
             if not rows:
                 stats[policy] = {"skipped": "no training data (mined pairs / RFT examples)"}
                 continue
@@ -74,7 +74,7 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
         store.set_checkpoint(ctx.stage, ctx.shard, policy,
                              {"step": step, "folder": _in_run(ctx, path)})
 
-    model = round_model(cfg, store, ctx.run_dir, round_of(ctx.stage))
+    model = round_model(cfg, store, ctx.run_dir, ctx.round)
     metrics = fit_policy(policy, rows, model.id, cfg.train, folder, adapter=model.adapter,
                          resume=str(ctx.run_dir / saved["folder"]) if saved else None,
                          on_metrics=on_metrics,
