@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from offline_agent.envs.base import EnvStateError
+from offline_agent.extras import MissingExtra, require
 from pipelines.config import ConfigError, RunConfig, help_lines, make_env
 from pipelines.export import ExportError
 from pipelines.progress import ProgressError, read_progress
@@ -26,7 +27,7 @@ class UsageError(Exception):
 
 
 USER_ERRORS = (ConfigError, RunError, StoreError, EnvStateError, UsageError, FileNotFoundError,
-               FileExistsError, ExportError)
+               FileExistsError, ExportError, MissingExtra)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,6 +262,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_tree(args: argparse.Namespace) -> int:
+    require("networkx")
     from pipelines.treeview import render_html, tree_path, write_graphml
 
     if args.out and args.out.is_dir():

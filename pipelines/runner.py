@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from offline_agent.extras import missing
 from pipelines.config import RunConfig, diff, make_env
 from pipelines.progress import Progress
 from storage import Store
@@ -91,6 +92,7 @@ def run(
     """Run the planned stages in order; returns {stage: {"status", "stats", ...}}."""
     run_dir = Path(run_dir)
     todo = plan(stages, until, only)
+    _check_extras(cfg, todo)
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # its store holds hidden tests
     with Store(run_dir / "store.duckdb") as store:  # refuses a file that is not a store
         _check_config(cfg, stages, store, run_dir, force)
@@ -115,6 +117,20 @@ def run(
             ran = ran or results[s.name]["status"] == "done"
         progress.status("finished")
     return results
+
+
+def _check_extras(cfg: RunConfig, todo: Sequence[Stage]) -> None:
+    """Refuse, before any work, a run whose stages need an extra that is not installed (hours
+    of search would otherwise end in an ImportError at the report)."""
+    need = set()
+    for s in todo:
+        if s.name == "report":
+            need.add("matplotlib")
+        if s.name.partition("@")[0] == "train" and cfg.train.quantization == "4bit":
+            need.add("bitsandbytes")
+    errors = [e for module in sorted(need) if (e := missing(module))]
+    if errors:
+        raise RunError("; ".join(errors))
 
 
 def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progress: Progress,
