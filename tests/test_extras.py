@@ -22,8 +22,9 @@ def hide(monkeypatch, *modules: str) -> None:
 
 
 def test_every_extra_is_declared_in_pyproject():
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     extras = declared["project"]["optional-dependencies"]
