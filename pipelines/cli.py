@@ -280,7 +280,7 @@ def cmd_check_env(args: argparse.Namespace) -> int:
     import json
 
     from offline_agent.envs.base import load_env
-    from offline_agent.envs.check import check_env, format_table
+    from offline_agent.envs.testing.check import check_env, format_table
 
     try:
         kwargs = json.loads(args.kwargs)

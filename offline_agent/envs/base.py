@@ -256,8 +256,8 @@ def _play_demo(env: Env, task: Task, actions: list[str]) -> list[Message]:
 
 BUILTIN_ENVS = {
     "minishop": "offline_agent.envs.minishop:MiniShop",
-    "math": "offline_agent.envs.calculator:CalculatorMath",
-    "python": "offline_agent.envs.python_tasks:PythonTasks",
+    "math": "offline_agent.envs.math:CalculatorMath",
+    "python": "offline_agent.envs.python:PythonTasks",
 }
 
 
