@@ -267,7 +267,8 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pipelines.stages.report import build_report, comparison_table, eval_config, write_report
+    from pipelines.report_table import comparison_table
+    from pipelines.stages.report import build_report, eval_config, write_report
 
     with Store(args.run_dir / "store.duckdb", read_only=True) as store:
         report = build_report(store, eval_config(store))

@@ -110,7 +110,7 @@ def test_help_strings_are_one_or_two_lines():
 def test_search_k_above_the_critic_limit_is_refused_at_load(tmp_path, capsys):
     """The logprob critic names each action with one letter; a larger k is a config error
     (naming the key and the limit) before any run directory or model exists."""
-    from offline_agent.search.critic import LABELS, MAX_ACTIONS
+    from offline_agent.search.requests import LABELS, MAX_ACTIONS
     from pipelines.cli import main
 
     assert MAX_ACTIONS == len(LABELS) == 16

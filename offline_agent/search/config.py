@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from offline_agent.search.requests import MAX_ACTIONS
+
 
 def _f(default, help: str):
     return field(default=default, metadata={"help": help})
@@ -50,14 +52,10 @@ class SearchConfig:
         for name in ("simulations", "k", "oversample", "max_depth", "trees_per_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"search.{name} must be >= 1")
-        if self.critic == "logprob":
-            # imported here: critic.py imports the search modules that import this one
-            from offline_agent.search.critic import MAX_ACTIONS
-
-            if self.k > MAX_ACTIONS:
-                raise ValueError(f"search.k is {self.k}, but the logprob critic ranks at most "
-                                 f"{MAX_ACTIONS} actions (one letter each); lower search.k or "
-                                 "set search.critic: none")
+        if self.critic == "logprob" and self.k > MAX_ACTIONS:
+            raise ValueError(f"search.k is {self.k}, but the logprob critic ranks at most "
+                             f"{MAX_ACTIONS} actions (one letter each); lower search.k or "
+                             "set search.critic: none")
 
     @property
     def shard_index(self) -> tuple[int, int]:
