@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from offline_agent.config_fields import config_field as _f
 from offline_agent.policy.base import Policy
 from offline_agent.types import Task, Trajectory, step_to_dict
 
@@ -24,15 +25,13 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 LEVEL = 0.95
 
 
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class EvalConfig:
+    # both only shape the intervals the report computes from the episodes: not hashed
     bootstrap: int = _f(2000, "bootstrap resamples of the tasks for the 95% intervals of means "
-                              "and of paired differences")
-    seed: int = _f(0, "seed of the bootstrap resampling (same seed, same intervals)")
+                              "and of paired differences", hashed=False)
+    seed: int = _f(0, "seed of the bootstrap resampling (same seed, same intervals)",
+                   hashed=False)
 
     def __post_init__(self):
         if self.bootstrap < 100:

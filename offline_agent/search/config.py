@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from offline_agent.config_fields import config_field as _f
 from offline_agent.search.requests import MAX_ACTIONS
-
-
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -35,7 +32,8 @@ class SearchConfig:
     critic: str = _f("logprob", "logprob: one batched scoring of choice labels; none: uniform")
     trees_per_batch: int = _f(16, "trees advanced together; one generate call serves them all")
     seed: int = _f(0, "base seed; sampling is seeded per (task, simulation)")
-    shard: str = _f("0/1", "i/n: search tasks[i::n] only (scale-out over machines)")
+    shard: str = _f("0/1", "i/n: search tasks[i::n] only (scale-out over machines)",
+                    hashed=False)
 
     def __post_init__(self):
         if self.selection not in ("ucb1", "puct"):
