@@ -12,7 +12,7 @@ import argparse
 import time
 
 from offline_agent.chat import history_messages, render_prompt
-from offline_agent.envs.python_tasks import PythonTasks
+from offline_agent.envs.python import PythonTasks
 from offline_agent.policy import DEFAULT_MODEL, load_policy
 from offline_agent.policy.base import Sampling
 

@@ -18,9 +18,10 @@ import time
 
 from offline_agent.chat import history_messages, render_prompt
 from offline_agent.envs.base import load_env
+from offline_agent.evaluation import Episode, rates
 from offline_agent.policy import DEFAULT_MODEL, load_policy
 from offline_agent.policy.hf import HFPolicy
-from offline_agent.rollout import action_sampling, run_episodes, summarize
+from offline_agent.rollout import action_sampling, run_episodes
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
 from offline_agent.search.mcts import Tree
@@ -39,7 +40,7 @@ def greedy_table(policies: dict, envs: list[str], tasks: dict[str, int], max_ste
             start = time.perf_counter()
             trajs = run_episodes(policy, make_env, make_env().tasks("test", tasks[name]),
                                  temperature=0.0, batch_size=32)
-            s = summarize(trajs)
+            s = rates([Episode.from_trajectory(t) for t in trajs])
             print(f"{name:9s} {mode:9s} {len(trajs):5d} {s['success_rate']:8.1%} "
                   f"{s['mean_reward']:7.3f} {s['invalid_rate']:8.1%} {s['mean_steps']:6.2f} "
                   f"{time.perf_counter() - start:5.0f}s", flush=True)

@@ -14,8 +14,9 @@ import argparse
 import time
 
 from offline_agent.envs.base import load_env
+from offline_agent.evaluation import Episode, rates
 from offline_agent.policy import DEFAULT_MODEL, load_policy
-from offline_agent.rollout import run_episodes, summarize
+from offline_agent.rollout import run_episodes
 
 
 def main() -> None:
@@ -38,7 +39,7 @@ def main() -> None:
         tasks = make_env().tasks("test", args.tasks)
         start = time.perf_counter()
         trajs = run_episodes(policy, make_env, tasks, temperature=0.0, batch_size=args.batch)
-        s = summarize(trajs)
+        s = rates([Episode.from_trajectory(t) for t in trajs])
         print(f"{name:10s} {s['success_rate']:8.1%} {s['mean_reward']:8.3f} "
               f"{s['invalid_rate']:8.1%} {s['mean_steps']:6.2f} {time.perf_counter() - start:6.0f}s",
               flush=True)

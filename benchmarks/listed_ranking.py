@@ -17,7 +17,7 @@ from offline_agent.envs.minishop import MiniShop
 from offline_agent.envs.minishop.goals import Goal
 from offline_agent.policy import DEFAULT_MODEL, load_policy
 from offline_agent.rollout import make_step
-from offline_agent.search.mcts import Rank
+from offline_agent.search.requests import Rank
 from offline_agent.search.searcher import rank_available
 
 

@@ -1,5 +1,8 @@
-"""Sandbox start-up cost: this branch's full isolation vs a named baseline sandbox.py (by
-default `main`'s), run side by side, alternating, in one process.
+"""Sandbox start-up cost: this branch's full isolation vs a named baseline's
+offline_agent/sandbox/process.py (by default `main`'s), run side by side, alternating, in one
+process, both under the isolation probed here. The baseline must hold that file (revisions
+before the sandbox became a package kept it as offline_agent/envs/sandbox.py, whose imports
+no longer resolve).
 
 The Python env runs one sandboxed program per `run_tests`/`submit` action, so the cost of a
 tiny program (interpreter start-up plus isolation set-up) bounds how fast that env searches.
@@ -18,7 +21,8 @@ import time
 import types
 from pathlib import Path
 
-from offline_agent.envs import sandbox
+from offline_agent import sandbox
+from offline_agent.sandbox import process
 
 PROGRAMS = {
     "print": "print(6 * 7)",
@@ -27,18 +31,18 @@ PROGRAMS = {
 
 
 def load_baseline(rev: str) -> types.ModuleType:
-    """sandbox.py as committed at `rev`, as its own module."""
+    """process.py as committed at `rev`, as its own module."""
     src = subprocess.run(
-        ["git", "show", f"{rev}:offline_agent/envs/sandbox.py"],
+        ["git", "show", f"{rev}:offline_agent/sandbox/process.py"],
         capture_output=True,
         text=True,
         check=True,
         cwd=Path(__file__).resolve().parents[1],
     ).stdout
     module = types.ModuleType(f"sandbox_at_{rev}")
-    module.__file__ = str(Path(sandbox.__file__))  # the launcher file sits beside it
+    module.__file__ = str(Path(process.__file__))  # the launcher file sits beside it
     sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(src, f"{rev}:sandbox.py", "exec"), module.__dict__)
+    exec(compile(src, f"{rev}:process.py", "exec"), module.__dict__)
     return module
 
 
@@ -48,8 +52,10 @@ def main() -> None:
     ap.add_argument("--baseline", default="main", help="git revision of the baseline")
     args = ap.parse_args()
     base = load_baseline(args.baseline)
-    variants = {f"{args.baseline} sandbox.py": base.run_python, "this branch": sandbox.run_python}
-    for v in variants.values():  # probe and warm up each once
+    iso = sandbox.require_isolation()
+    variants = {f"{args.baseline} process.py": lambda code: base.spawn(code, 5, 512, iso),
+                "this branch": lambda code: process.spawn(code, 5, 512, iso)}
+    for v in variants.values():  # warm up each once
         v("pass")
     print("layers here:", ", ".join(f"{k}: {v}" for k, v in sandbox.sandbox_report().items()))
     for name, code in PROGRAMS.items():

@@ -22,7 +22,8 @@ from offline_agent.policy.base import Sampling
 from offline_agent.policy.prefix_cache import PrefixCache
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
-from offline_agent.search.mcts import Rank, Sample, Tree, drive, simulate
+from offline_agent.search.mcts import Tree, drive, simulate
+from offline_agent.search.requests import Rank, Sample
 from offline_agent.search.searcher import Searcher, rank_available, sample_prompt
 from offline_agent.seeding import stable_seed
 

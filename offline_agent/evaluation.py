@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from offline_agent.config_fields import config_field as _f
 from offline_agent.policy.base import Policy
 from offline_agent.types import Task, Trajectory, step_to_dict
 
@@ -24,15 +25,13 @@ Z95 = 1.959963984540054  # two-sided 95% normal quantile
 LEVEL = 0.95
 
 
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class EvalConfig:
+    # both only shape the intervals the report computes from the episodes: not hashed
     bootstrap: int = _f(2000, "bootstrap resamples of the tasks for the 95% intervals of means "
-                              "and of paired differences")
-    seed: int = _f(0, "seed of the bootstrap resampling (same seed, same intervals)")
+                              "and of paired differences", hashed=False)
+    seed: int = _f(0, "seed of the bootstrap resampling (same seed, same intervals)",
+                   hashed=False)
 
     def __post_init__(self):
         if self.bootstrap < 100:
@@ -104,30 +103,47 @@ class Episode:
         return cls(row["task_id"], float(row["reward"]), bool(row["success"]),
                    len(row["steps"]), sum(bool(s["invalid"]) for s in row["steps"]))
 
+    @classmethod
+    def from_trajectory(cls, trajectory: Trajectory) -> Episode:
+        return cls(trajectory.task_id, float(trajectory.reward), trajectory.success,
+                   len(trajectory.steps), sum(s.invalid for s in trajectory.steps))
+
 
 def _ci(interval: tuple[float, float] | None) -> list[float] | None:
     return None if interval is None else [round(interval[0], 4), round(interval[1], 4)]
 
 
-def summarize(episodes: Sequence[Episode], cfg: EvalConfig) -> dict:
-    """Success rate, mean reward, invalid-action rate and mean steps, each with its 95%
-    interval (`ci95` is the success rate's)."""
+def rates(episodes: Sequence[Episode]) -> dict:
+    """Tasks, success rate, mean reward, invalid-action rate (invalid steps over all steps)
+    and mean steps; None where there is nothing to divide by. The one place these are
+    computed: the evaluation summary adds intervals, the baseline stage stores them as is."""
     n = len(episodes)
-    boot = dict(samples=cfg.bootstrap, seed=cfg.seed)
-    reward = [e.reward for e in episodes]
-    wins = sum(e.success for e in episodes)
     total_steps = sum(e.steps for e in episodes)
     return {
         "n_tasks": n,
-        "success_rate": round(wins / n, 4) if n else None,
-        "ci95": _ci(wilson(wins, n)),
-        "mean_reward": round(sum(reward) / n, 4) if n else None,
-        "mean_reward_ci95": _ci(bootstrap_ci(reward, **boot)),
+        "success_rate": round(sum(e.success for e in episodes) / n, 4) if n else None,
+        "mean_reward": round(sum(e.reward for e in episodes) / n, 4) if n else None,
         "invalid_rate": round(sum(e.invalid for e in episodes) / total_steps, 4)
         if total_steps else None,
+        "mean_steps": round(total_steps / n, 3) if n else None,
+    }
+
+
+def summarize(episodes: Sequence[Episode], cfg: EvalConfig) -> dict:
+    """`rates`, each with its 95% interval (`ci95` is the success rate's)."""
+    point = rates(episodes)
+    boot = dict(samples=cfg.bootstrap, seed=cfg.seed)
+    wins = sum(e.success for e in episodes)
+    return {
+        "n_tasks": point["n_tasks"],
+        "success_rate": point["success_rate"],
+        "ci95": _ci(wilson(wins, len(episodes))),
+        "mean_reward": point["mean_reward"],
+        "mean_reward_ci95": _ci(bootstrap_ci([e.reward for e in episodes], **boot)),
+        "invalid_rate": point["invalid_rate"],
         "invalid_rate_ci95": _ci(bootstrap_ci([e.invalid for e in episodes],
                                               [e.steps for e in episodes], **boot)),
-        "mean_steps": round(total_steps / n, 3) if n else None,
+        "mean_steps": point["mean_steps"],
         "mean_steps_ci95": _ci(bootstrap_ci([e.steps for e in episodes], **boot)),
     }
 

@@ -85,15 +85,3 @@ def run_episodes(
             turn += 1
     return out  # type: ignore[return-value]
 
-
-def summarize(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Success rate, mean reward, invalid-action rate and mean steps."""
-    n = max(len(trajectories), 1)
-    steps = [s for t in trajectories for s in t.steps]
-    return {
-        "episodes": len(trajectories),
-        "success_rate": sum(t.success for t in trajectories) / n,
-        "mean_reward": sum(t.reward for t in trajectories) / n,
-        "invalid_rate": sum(s.invalid for s in steps) / max(len(steps), 1),
-        "mean_steps": len(steps) / n,
-    }

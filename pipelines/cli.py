@@ -306,7 +306,8 @@ def _task_tree(store: Store, task: str, r: int | None) -> tuple[int, dict]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pipelines.stages.report import build_report, comparison_table, eval_config, write_report
+    from pipelines.report_table import comparison_table
+    from pipelines.stages.report import build_report, eval_config, write_report
 
     with Store(args.run_dir / "store.duckdb", read_only=True) as store:
         report = build_report(store, eval_config(store))
@@ -319,7 +320,7 @@ def cmd_check_env(args: argparse.Namespace) -> int:
     import json
 
     from offline_agent.envs.base import load_env
-    from offline_agent.envs.check import check_env, format_table
+    from offline_agent.envs.testing.check import check_env, format_table
 
     try:
         kwargs = json.loads(args.kwargs)

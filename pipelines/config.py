@@ -21,6 +21,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from offline_agent.config_fields import HELP, is_hashed
+from offline_agent.config_fields import config_field as _f
 from offline_agent.envs.base import BUILTIN_ENVS, Env, load_env
 from offline_agent.evaluation import EvalConfig
 from offline_agent.mining.config import MineConfig
@@ -28,20 +30,9 @@ from offline_agent.policy.models import DEFAULT_MODEL
 from offline_agent.search.config import SearchConfig
 from offline_agent.training.config import TrainConfig
 
-# Keys that say how or where work runs, not what it computes: left out of stage hashes, so
-# renaming a run or merging shards never invalidates finished stages.
-# run.iterations says how many rounds to run; a round's results do not depend on it.
-# eval.bootstrap and eval.seed only shape the intervals the report computes from the episodes.
-UNHASHED = {"run.name", "run.iterations", "search.shard", "model.prefix_cache_gb",
-            "eval.bootstrap", "eval.seed"}
-
 
 class ConfigError(ValueError):
     """A user mistake in a config file or --set override."""
-
-
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
 
 
 def _choice(section: str, name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -51,10 +42,12 @@ def _choice(section: str, name: str, value: str, allowed: tuple[str, ...]) -> No
 
 @dataclass
 class RunSection:
-    name: str = _f("offline-agent", "label; the default run directory is runs/<name>-<timestamp>")
+    name: str = _f("offline-agent", "label; the default run directory is runs/<name>-<timestamp>",
+                   hashed=False)
     seed: int = _f(0, "seed of task generation (the env's seed)")
+    # how many rounds to run: a round's results do not depend on it
     iterations: int = _f(1, "rounds of search -> mine -> train; round k+1 searches with the "
-                            "policy trained in round k")
+                            "policy trained in round k", hashed=False)
 
     def __post_init__(self):
         if self.iterations < 1:
@@ -70,7 +63,7 @@ class ModelConfig:
     max_batch: int = _f(32, "most sequences in one generate or forward call")
     adapter: str | None = _f(None, "LoRA adapter folder applied on top of the model; null: none")
     prefix_cache_gb: float = _f(2.0, "memory kept for the KV of prompt prefixes already computed "
-                                     "(hf backend; vLLM keeps its own); 0: off")
+                                     "(hf backend; vLLM keeps its own); 0: off", hashed=False)
     constrain: str = _f("none", "none: free text; tools: each reply is decoded under the grammar "
                                 "of one valid tool call (needs xgrammar; docs/environments.md)")
 
@@ -89,7 +82,7 @@ class ModelConfig:
 class EnvConfig:
     name: str = _f("minishop", "built-in env (minishop, math, python) or 'package.module:Class'")
     kwargs: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "extra keyword arguments of the env constructor"}
+        default_factory=dict, metadata={HELP: "extra keyword arguments of the env constructor"}
     )
     train_tasks: int = _f(32, "tasks of the train split (searched, mined, trained on)")
     test_tasks: int = _f(16, "tasks of the test split (held out for evaluation)")
@@ -143,21 +136,28 @@ class RunConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def hashed(self, sections: Sequence[str]) -> dict[str, Any]:
-        """The part of the config a stage's results depend on (UNHASHED keys left out)."""
-        full = self.to_dict()
+        """The part of the config a stage's results depend on (`unhashed_keys()` left out)."""
+        full, skip = self.to_dict(), unhashed_keys()
         out = {}
         for section in sorted(sections):
             if section not in full:
                 raise KeyError(f"unknown config section {section!r}")
-            out[section] = {
-                k: v for k, v in full[section].items() if f"{section}.{k}" not in UNHASHED
-            }
+            out[section] = {k: v for k, v in full[section].items() if f"{section}.{k}" not in skip}
         return out
 
     def hash(self, sections: Sequence[str]) -> str:
         """Stable across processes and key order: sha256 of canonical JSON, 16 hex digits."""
         text = json.dumps(self.hashed(sections), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def unhashed_keys() -> set[str]:
+    """`section.key` of every field marked `hashed=False`: keys that say how or where work
+    runs, not what it computes, left out of stage hashes so that renaming a run or merging
+    shards never invalidates finished stages."""
+    hints = get_type_hints(RunConfig)
+    return {f"{s.name}.{f.name}" for s in fields(RunConfig) for f in fields(hints[s.name])
+            if not is_hashed(f)}
 
 
 def make_env(cfg: RunConfig) -> Env:
@@ -206,7 +206,7 @@ def help_lines(cls: type = RunConfig, prefix: str = "") -> list[str]:
             lines += help_lines(hints[f.name], f"{prefix}{f.name}.")
         else:
             default = f.default if f.default_factory is MISSING else f.default_factory()
-            lines.append(f"  {prefix}{f.name} = {default!r}  {f.metadata.get('help', '')}")
+            lines.append(f"  {prefix}{f.name} = {default!r}  {f.metadata.get(HELP, '')}")
     return lines
 
 

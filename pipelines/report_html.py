@@ -11,7 +11,7 @@ import io
 import json
 from html import escape
 
-from pipelines.stages.report import COLUMNS, comparison_cells
+from pipelines.report_table import COLUMNS, comparison_cells
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1100px;

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from offline_agent.envs.base import load_env
-from offline_agent.envs.calculator import CalcError, CalculatorMath, evaluate, format_number
+from offline_agent.envs.math import CalculatorMath
+from offline_agent.envs.math.calculator import CalcError, evaluate, format_number
 
 
 @pytest.mark.parametrize(

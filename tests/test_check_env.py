@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from offline_agent.envs.base import load_env
-from offline_agent.envs.check import check_env
+from offline_agent.envs.testing.check import check_env
 from offline_agent.types import Task
 from pipelines.cli import main
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from pipelines.config import ConfigError, RunConfig, diff, help_lines
+from pipelines.config import ConfigError, RunConfig, diff, help_lines, unhashed_keys
+
+# the keys pipelines/config.py's UNHASHED constant listed before they became field metadata
+OLD_UNHASHED = {"run.name", "run.iterations", "search.shard", "model.prefix_cache_gb",
+                "eval.bootstrap", "eval.seed"}
 
 
 def write(tmp_path, text: str):
@@ -81,6 +86,26 @@ def test_hash_is_stable_and_per_section():
     assert diff(cfg.hashed(["search"]), other.hashed(["search"])) == ["search.k: 5 -> 6"]
 
 
+def test_unhashed_keys_are_the_fields_marked_hashed_false():
+    assert unhashed_keys() == OLD_UNHASHED
+
+
+def test_the_hash_ignores_exactly_the_unhashed_fields():
+    """Every field of every section, changed alone, changes the hash unless it is unhashed."""
+    sections = [s.name for s in fields(RunConfig)]
+    base = RunConfig().hash(sections)
+    seen = set()
+    for section in sections:
+        for f in fields(getattr(RunConfig(), section)):
+            cfg = RunConfig()
+            setattr(getattr(cfg, section), f.name, "<changed>")  # hash() reads values only
+            key = f"{section}.{f.name}"
+            seen.add(key)
+            assert (cfg.hash(sections) == base) == (key in OLD_UNHASHED), key
+            assert (cfg.hash([section]) == RunConfig().hash([section])) == (key in OLD_UNHASHED)
+    assert OLD_UNHASHED < seen and len(seen) > 40  # the walk reached every section's fields
+
+
 def test_yaml_round_trip_and_help():
     cfg = RunConfig.load(None, ["env.kwargs.max_steps=3", "search.k=2"])
     import yaml
@@ -110,7 +135,7 @@ def test_help_strings_are_one_or_two_lines():
 def test_search_k_above_the_critic_limit_is_refused_at_load(tmp_path, capsys):
     """The logprob critic names each action with one letter; a larger k is a config error
     (naming the key and the limit) before any run directory or model exists."""
-    from offline_agent.search.critic import LABELS, MAX_ACTIONS
+    from offline_agent.search.requests import LABELS, MAX_ACTIONS
     from pipelines.cli import main
 
     assert MAX_ACTIONS == len(LABELS) == 16

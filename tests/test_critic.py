@@ -6,7 +6,7 @@ import pytest
 
 from offline_agent.chat import history_messages, render_prompt
 from offline_agent.search.critic import Critic
-from offline_agent.search.mcts import Critique
+from offline_agent.search.requests import Critique
 from offline_agent.types import Step, Task
 from tests.fakes import Corridor
 

@@ -16,9 +16,11 @@ from offline_agent.evaluation import (
     bootstrap_ci,
     compare,
     paired_difference,
+    rates,
     summarize,
     wilson,
 )
+from offline_agent.types import Step, Trajectory
 from pipelines.config import ConfigError, RunConfig
 from storage import Store
 
@@ -112,6 +114,19 @@ def test_episode_from_a_stored_row():
     row = {"task_id": "t", "reward": 0.75, "success": False,
            "steps": [{"invalid": True}, {"invalid": False}, {"invalid": False}]}
     assert Episode.from_row(row) == Episode("t", 0.75, False, 3, 1)
+
+
+def test_episode_from_a_trajectory_and_the_rates_the_summary_shares():
+    steps = [Step("x", "y", invalid=True), Step("x", "y"), Step("x", "y", done=True)]
+    played = Trajectory("t", "math", "do it", "", steps, reward=1.0)
+    assert Episode.from_trajectory(played) == Episode("t", 1.0, True, 3, 1)
+    base = [ep("a", 1.0, 2, 1), ep("b", 0.5, 6), ep("c", 0.0, 4, 2)]
+    assert rates(base) == {"n_tasks": 3, "success_rate": round(1 / 3, 4), "mean_reward": 0.5,
+                           "invalid_rate": 0.25, "mean_steps": 4.0}
+    summary = summarize(base, EvalConfig(bootstrap=500))
+    assert {k: summary[k] for k in rates(base)} == rates(base)  # one computation, two views
+    assert rates([]) == {"n_tasks": 0, "success_rate": None, "mean_reward": None,
+                         "invalid_rate": None, "mean_steps": None}
 
 
 def test_eval_config_section():

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from offline_agent.envs import python_tasks
 from offline_agent.envs.base import load_env
-from offline_agent.envs.fuzz import named_cases, random_cases
-from offline_agent.envs.sandbox import SandboxResult
+from offline_agent.envs.python import harness
+from offline_agent.envs.testing.fuzz import named_cases, random_cases
+from offline_agent.sandbox import SandboxResult
 
 N_RANDOM = 1000
 MAX_OBSERVATION = 3000  # "a few thousand characters"
@@ -53,7 +53,7 @@ def fake_sandbox(monkeypatch):
         calls.append(script)
         return SandboxResult(stdout="", stderr="killed", returncode=-9)
 
-    monkeypatch.setattr(python_tasks, "run_python", run)
+    monkeypatch.setattr(harness, "run_python", run)
     return calls
 
 
@@ -90,7 +90,7 @@ def test_forged_result_lines_are_a_crash_not_an_exception(tool):
     task = env.tasks("test", 1)[0]
     for expr in forged:
         env.reset(task)
-        code = (f"import json, os\nos.write(1, ('\\n{python_tasks.MARKER}' + {expr} + '\\n')"
+        code = (f"import json, os\nos.write(1, ('\\n{harness.MARKER}' + {expr} + '\\n')"
                 ".encode())\nos._exit(0)")
         _, result = env.act(f"{tool}[{code}]")
         assert "the program crashed" in result.observation, result.observation[:200]
@@ -172,19 +172,21 @@ def test_unexpected_exceptions_become_invalid_steps_logged_once(caplog, monkeypa
 
 def test_a_failing_sandbox_is_raised_not_recorded_as_an_invalid_step(monkeypatch):
     """Model text never crashes a run, but the env's own machinery failing must not hide as
-    an invalid action: SandboxError (an EnvFailure) goes up to the stage."""
+    an invalid action: the env maps SandboxError to EnvFailure, which goes up to the stage."""
     import pytest
 
-    from offline_agent.envs import python_tasks
-    from offline_agent.envs.sandbox import SandboxError
+    from offline_agent.envs.base import EnvFailure
+    from offline_agent.envs.python import env as python_env
+    from offline_agent.sandbox import SandboxError
 
-    env = python_tasks.PythonTasks()
+    env = python_env.PythonTasks()
     task = env.tasks("train", 1)[0]
     env.reset(task)
 
     def broken(*args, **kwargs):
         raise SandboxError("cannot create the run's cgroup")
 
-    monkeypatch.setattr(python_tasks, "run_cases", broken)
-    with pytest.raises(SandboxError):
+    monkeypatch.setattr(python_env, "run_cases", broken)
+    with pytest.raises(EnvFailure, match="cannot create the run's cgroup") as raised:
         env.act('run_tests[def f(x):\n    return x]')
+    assert isinstance(raised.value.__cause__, SandboxError)

@@ -12,10 +12,7 @@ from offline_agent.envs.base import StepResult
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.mcts import (
     Candidate,
-    Critique,
     Node,
-    Rank,
-    Sample,
     Tree,
     action_key,
     backup,
@@ -29,6 +26,7 @@ from offline_agent.search.mcts import (
     simulate,
     ucb1,
 )
+from offline_agent.search.requests import Critique, Rank, Sample
 from offline_agent.types import Task, ToolCall
 from tests.fakes import Corridor, ListedCorridor
 

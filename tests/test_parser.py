@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from offline_agent.envs.base import MAX_ARGUMENT_CHARS, ActionError
-from offline_agent.envs.calculator import CalculatorMath
+from offline_agent.envs.math import CalculatorMath
 from offline_agent.envs.parser import parse_action
-from offline_agent.envs.python_tasks import PythonTasks
+from offline_agent.envs.python import PythonTasks
 from offline_agent.types import ToolCall
 
 

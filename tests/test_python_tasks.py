@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from offline_agent.envs.base import load_env
-from offline_agent.envs.python_problems import PROBLEMS
-from offline_agent.envs.python_tasks import MARKER, PythonTasks, make_task, split_of
+from offline_agent.envs.python import PythonTasks
+from offline_agent.envs.python.harness import MARKER
+from offline_agent.envs.python.problems import PROBLEMS
+from offline_agent.envs.python.tasks import make_task, split_of
 
 
 def _task(name: str, round_: int = 0):

@@ -15,14 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from offline_agent.envs import sandbox
-from offline_agent.envs.sandbox import (
-    MAX_FILE_MB,
-    SANDBOX_UIDS,
-    SandboxError,
-    probe_isolation,
-    run_python,
-)
+from offline_agent import sandbox
+from offline_agent.sandbox import SandboxError, probe_isolation, run_python
+from offline_agent.sandbox.process import MAX_FILE_MB, SANDBOX_UIDS
 
 ISO = probe_isolation()
 # what this machine allows, and the fallback used where namespaces are not permitted
@@ -77,9 +72,9 @@ def test_plain_run_and_output():
 
 def test_tracebacks_are_deterministic_and_workdir_removed(monkeypatch):
     made = []
-    real_mkdtemp = sandbox.tempfile.mkdtemp
+    real_mkdtemp = tempfile.mkdtemp
     monkeypatch.setattr(
-        sandbox.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1]
+        tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1]
     )
     r = run("import os\nprint(os.getcwd())\n1/0")
     assert 'File "main.py", line 3' in r.stderr and "ZeroDivisionError" in r.stderr
@@ -332,7 +327,7 @@ def _read_code(paths: list[str]) -> str:
         "    except OSError as e:\n"
         "        print('blocked', type(e).__name__)\n"
         "try:\n"
-        "    from offline_agent.envs.python_problems import PROBLEMS\n"
+        "    from offline_agent.envs.python.problems import PROBLEMS\n"
         "    print('IMPORTED', len(PROBLEMS))\n"
         "except ImportError as e:\n"
         "    print('blocked', type(e).__name__)\n"
@@ -342,7 +337,7 @@ def _read_code(paths: list[str]) -> str:
 @needs("private_fs")
 def test_reference_solutions_and_run_stores_are_invisible():
     run_dir = _readable_run_dir()
-    problems = str(PROJECT / "offline_agent/envs/python_problems.py")
+    problems = str(PROJECT / "offline_agent/envs/python/problems.py")
     try:
         paths = [problems, str(run_dir / "store.duckdb"), "/etc/passwd", "/root/.bashrc"]
         code = _read_code(paths)
@@ -360,7 +355,7 @@ def _cheat(name: str, variant: int) -> str:
     """What a hostile policy submitted: the project's own reference solution."""
     return (
         f"import sys\nsys.path.insert(0, {str(PROJECT)!r})\n"
-        "from offline_agent.envs.python_problems import PROBLEMS\n"
+        "from offline_agent.envs.python.problems import PROBLEMS\n"
         f"_p = next(p for p in PROBLEMS if p.name == {name!r})\n"
         f"exec(_p.source(_p.variants[{variant}]))\n"
     )
@@ -368,8 +363,9 @@ def _cheat(name: str, variant: int) -> str:
 
 @needs("private_fs")
 def test_submitting_the_reference_solution_by_import_earns_nothing(monkeypatch):
-    from offline_agent.envs.python_problems import PROBLEMS
-    from offline_agent.envs.python_tasks import PythonTasks, make_task
+    from offline_agent.envs.python import PythonTasks
+    from offline_agent.envs.python.problems import PROBLEMS
+    from offline_agent.envs.python.tasks import make_task
 
     def submit(iso) -> list[float]:
         monkeypatch.setattr(sandbox, "probe_isolation", lambda: iso)
@@ -643,8 +639,8 @@ def test_python_env_refuses_at_construction_unless_allowed(monkeypatch):
     monkeypatch.setattr(sandbox, "probe_isolation", lambda: weak)
     with pytest.raises(SandboxError, match="seccomp"):
         load_env("python")
-    from offline_agent.envs.python_problems import PROBLEMS
-    from offline_agent.envs.python_tasks import make_task
+    from offline_agent.envs.python.problems import PROBLEMS
+    from offline_agent.envs.python.tasks import make_task
 
     env = load_env("python", allow_weaker_sandbox=True)  # as config env.kwargs would pass it
     problem = PROBLEMS[0]

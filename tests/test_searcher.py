@@ -9,7 +9,8 @@ import pytest
 from offline_agent.policy.base import Completion, Sampling
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
-from offline_agent.search.mcts import Critique, Rank, Sample, Tree, drive, simulate
+from offline_agent.search.mcts import Tree, drive, simulate
+from offline_agent.search.requests import Critique, Rank, Sample
 from offline_agent.search.searcher import Searcher, rank_available, sample_prompt
 from offline_agent.seeding import stable_seed
 from tests.fakes import Corridor, ListedCorridor

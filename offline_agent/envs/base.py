@@ -17,10 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from offline_agent.envs import state_json
+from offline_agent.envs.errors import ActionError, EnvFailure, short
+from offline_agent.envs.parser import parse_action
 from offline_agent.types import Message, Task, ToolCall
 
+# ActionError and EnvFailure live in errors.py (the parser raises them too) and are importable
+# from here, the contract: envs write `from offline_agent.envs.base import ActionError, Env`.
+
 MAX_ARGUMENT_CHARS = 2000  # longer arguments are refused as invalid actions
-ECHO_CHARS = 40  # names and keys from model text are cut to this in error observations
 
 log = logging.getLogger(__name__)
 _LOGGED: set[tuple[str, str]] = set()  # (env class, exception type) already logged
@@ -33,15 +37,6 @@ class StepResult:
     done: bool = False
     invalid: bool = False
     info: dict[str, Any] = field(default_factory=dict)
-
-
-class EnvFailure(RuntimeError):
-    """The env's own machinery failed (e.g. its sandbox cannot run): not the model's fault,
-    so `act` raises it instead of recording an invalid step."""
-
-
-class ActionError(ValueError):
-    """Raised by parsers/validators; `act` turns it into an invalid step, never a crash."""
 
 
 class Env(ABC):
@@ -140,8 +135,6 @@ class Env(ABC):
 
         An exception other than ActionError is a bug that model text found: it becomes an
         invalid step too (the episode goes on), and is logged once per env and type."""
-        from offline_agent.envs.parser import parse_action
-
         call = None
         try:
             call = parse_action(text[: self.max_parse_chars], self.tools)
@@ -248,11 +241,6 @@ def _size(value: Any) -> int:
         return MAX_ARGUMENT_CHARS + 1
 
 
-def short(text: str, limit: int = ECHO_CHARS) -> str:
-    """`text` cut to `limit` characters, for echoing model text back in an observation."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _play_demo(env: Env, task: Task, actions: list[str]) -> list[Message]:
     turns = [Message("user", "\n\n".join(p for p in (task.instruction, env.reset(task)) if p))]
     result = None
@@ -268,8 +256,8 @@ def _play_demo(env: Env, task: Task, actions: list[str]) -> list[Message]:
 
 BUILTIN_ENVS = {
     "minishop": "offline_agent.envs.minishop:MiniShop",
-    "math": "offline_agent.envs.calculator:CalculatorMath",
-    "python": "offline_agent.envs.python_tasks:PythonTasks",
+    "math": "offline_agent.envs.math:CalculatorMath",
+    "python": "offline_agent.envs.python:PythonTasks",
 }
 
 

@@ -20,7 +20,7 @@ import re
 import textwrap
 from typing import Any
 
-from offline_agent.envs.base import ActionError, short
+from offline_agent.envs.errors import ActionError, short
 from offline_agent.types import ToolCall
 
 _LABEL = re.compile(r"^\s*(?:action|act)\s*\d*\s*:\s*", re.IGNORECASE)

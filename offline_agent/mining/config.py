@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
+from offline_agent.config_fields import config_field as _f
 
 
 @dataclass

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
+from offline_agent.config_fields import config_field as _f
+from offline_agent.search.requests import MAX_ACTIONS
 
 
 @dataclass
@@ -33,7 +32,8 @@ class SearchConfig:
     critic: str = _f("logprob", "logprob: one batched scoring of choice labels; none: uniform")
     trees_per_batch: int = _f(16, "trees advanced together; one generate call serves them all")
     seed: int = _f(0, "base seed; sampling is seeded per (task, simulation)")
-    shard: str = _f("0/1", "i/n: search tasks[i::n] only (scale-out over machines)")
+    shard: str = _f("0/1", "i/n: search tasks[i::n] only (scale-out over machines)",
+                    hashed=False)
 
     def __post_init__(self):
         if self.selection not in ("ucb1", "puct"):
@@ -50,14 +50,10 @@ class SearchConfig:
         for name in ("simulations", "k", "oversample", "max_depth", "trees_per_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"search.{name} must be >= 1")
-        if self.critic == "logprob":
-            # imported here: critic.py imports the search modules that import this one
-            from offline_agent.search.critic import MAX_ACTIONS
-
-            if self.k > MAX_ACTIONS:
-                raise ValueError(f"search.k is {self.k}, but the logprob critic ranks at most "
-                                 f"{MAX_ACTIONS} actions (one letter each); lower search.k or "
-                                 "set search.critic: none")
+        if self.critic == "logprob" and self.k > MAX_ACTIONS:
+            raise ValueError(f"search.k is {self.k}, but the logprob critic ranks at most "
+                             f"{MAX_ACTIONS} actions (one letter each); lower search.k or "
+                             "set search.critic: none")
 
     @property
     def shard_index(self) -> tuple[int, int]:

@@ -27,11 +27,8 @@ import math
 from offline_agent.chat import history_messages, render_prompt
 from offline_agent.envs.base import Env
 from offline_agent.policy.base import Policy
-from offline_agent.search.mcts import Critique
+from offline_agent.search.requests import LABELS, MAX_ACTIONS, Critique
 from offline_agent.types import Message
-
-LABELS = "ABCDEFGHIJKLMNOP"
-MAX_ACTIONS = len(LABELS)  # one choice label per action: SearchConfig refuses a larger search.k
 
 
 def critique_messages(request: Critique, order: list[int], system: str,

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from offline_agent.envs.base import Env, StepResult
 from offline_agent.rollout import make_step
 from offline_agent.search.config import SearchConfig
+from offline_agent.search.requests import Critique, Rank, Sample
 from offline_agent.seeding import stable_seed
 from offline_agent.types import SUCCESS, Step, Task, ToolCall, Trajectory
 
@@ -99,48 +100,6 @@ class Tree:
         self.nodes.append(node)
         parent.children.append(node.id)
         return node
-
-
-# ---- requests a simulation yields to its driver --------------------------------------------
-@dataclass
-class Sample:
-    """Ask the policy for one action per temperature after `steps` (answer: one
-    (text, generated ids or None) per action).
-
-    Action j is drawn at temperatures[j] (0: greedy) with seed `stable_seed(seed, j)`."""
-
-    task: Task
-    first_observation: str
-    steps: list[Step]
-    temperatures: list[float]
-    seed: int
-    tools: list[dict] | None = None  # the state's Env.action_tools(), for constrained decoding
-
-    @property
-    def n(self) -> int:
-        return len(self.temperatures)
-
-
-@dataclass
-class Rank:
-    """Ask for rankings of `actions` as the next reply (answer: one list of scores per ranking,
-    higher is better: the task's PMI and the policy's log-prob, from
-    `searcher.rank_available`). The listed children alternate between the rankings' tops."""
-
-    task: Task
-    first_observation: str
-    steps: list[Step]
-    actions: list[str]
-
-
-@dataclass
-class Critique:
-    """Ask the critic to score `actions` after `steps` (answer: list[float] in [0, 1])."""
-
-    task: Task
-    first_observation: str
-    steps: list[Step]
-    actions: list[str]
 
 
 @dataclass

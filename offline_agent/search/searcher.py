@@ -24,14 +24,8 @@ from offline_agent.envs.base import Env
 from offline_agent.policy.base import Policy, Sampling
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
-from offline_agent.search.mcts import (
-    Critique,
-    Rank,
-    Sample,
-    SimulationResult,
-    Tree,
-    simulate,
-)
+from offline_agent.search.mcts import SimulationResult, Tree, simulate
+from offline_agent.search.requests import Critique, Rank, Sample
 from offline_agent.seeding import stable_seed
 
 Commit = Callable[[list[tuple[Tree, SimulationResult]]], None]

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from offline_agent.config_fields import config_field as _f
+
 POLICIES = ("rft", "dpo_outcome", "dpo_step", "dpo_step_outcome")
 LOSSES = ("sigmoid", "ipo", "rpo")
-
-
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass

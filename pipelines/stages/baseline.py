@@ -7,7 +7,7 @@ episode is committed as it ends, so a crash or a merged set of shards redoes not
 
 from __future__ import annotations
 
-from offline_agent.rollout import summarize
+from offline_agent.evaluation import Episode, rates
 from offline_agent.types import Task, Trajectory, step_from_dict, step_to_dict
 from pipelines.config import make_env
 from pipelines.runner import StageContext
@@ -44,14 +44,15 @@ def run_baseline(ctx: StageContext) -> dict:
     wanted = {t.id: t for t in tasks}
     stored = [stored_trajectory(r, wanted[r["task_id"]]) for r in store.trajectories("greedy")
               if r["task_id"] in wanted]
-    stats = {f"greedy_{k}": round(v, 4) for k, v in summarize(stored).items()}
+    episodes = [Episode.from_trajectory(t) for t in stored]
+    stats = {f"greedy_{k}": v for k, v in rates(episodes).items()}
     with store.transaction():
         ctx.mark_done(stats)
     return stats
 
 
 def stored_trajectory(row: dict, task: Task) -> Trajectory:
-    """A stored episode as a Trajectory, for `summarize` (which reads steps and reward; the
+    """A stored episode as a Trajectory, for `rates` (which reads steps and reward; the
     first observation is not stored)."""
     return Trajectory(task_id=task.id, env=task.env, instruction=task.instruction,
                       first_observation="", steps=[step_from_dict(s) for s in row["steps"]],

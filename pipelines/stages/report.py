@@ -3,7 +3,9 @@ from what the run stored, whatever stage it reached.
 
 Everything is recomputed from the store's rows (evaluation episodes, stage rows, metrics,
 counts), so a stopped run, a run without training or one evaluated only for base renders
-too: a missing part is an empty list or mapping, and the page says it is missing.
+too: a missing part is an empty list or mapping, and the page says it is missing. The page
+is report_html.py's; the comparison table, which stdout and the page both show, is
+report_table.py's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from datetime import datetime
 from pathlib import Path
 
 from offline_agent.evaluation import Episode, EvalConfig, compare, summarize
+from pipelines.report_html import render
+from pipelines.report_table import comparison_table
 from pipelines.runner import StageContext
 from pipelines.stages.eval import BASE, MODE
 from pipelines.stages.rounds import round_name, trained_policies
@@ -101,8 +105,6 @@ def training_curves(store: Store) -> dict[str, list[dict]]:
 
 def write_report(run_dir: Path, report: dict) -> Path:
     """RUN_DIR/report/report.json and index.html, each replaced atomically; the page's path."""
-    from pipelines.report_html import render
-
     out = Path(run_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     for name, text in (("report.json", json.dumps(report, indent=1, default=str)),
@@ -111,47 +113,3 @@ def write_report(run_dir: Path, report: dict) -> Path:
         tmp.write_text(text)
         os.replace(tmp, out / name)
     return out / "index.html"
-
-
-def _pct(value: float | None, ci: list[float] | None, signed: bool = False) -> str:
-    if value is None:
-        return "-"
-    sign = "+" if signed else ""
-    text = f"{value * 100:{sign}.1f}%"
-    return text + (f" [{ci[0] * 100:{sign}.1f}, {ci[1] * 100:{sign}.1f}]" if ci else "")
-
-
-def _num(value: float | None, ci: list[float] | None, signed: bool = False) -> str:
-    if value is None:
-        return "-"
-    sign = "+" if signed else ""
-    return f"{value:{sign}.3f}" + (f" [{ci[0]:{sign}.3f}, {ci[1]:{sign}.3f}]" if ci else "")
-
-
-def comparison_cells(entry: dict) -> list[str]:
-    """One row of the comparison table as text cells (shared by stdout and the page)."""
-    d = entry["delta_vs_base"] or {}
-    return [
-        entry["policy"], entry["mode"], str(entry["n_tasks"]),
-        _pct(entry["success_rate"], entry["ci95"]),
-        _pct(d.get("success_rate"), d.get("ci95"), signed=True) if d else "-",
-        _num(entry["mean_reward"], entry["mean_reward_ci95"]),
-        _num(d.get("mean_reward"), d.get("mean_reward_ci95"), signed=True) if d else "-",
-        _pct(entry["invalid_rate"], None),
-        _num(entry["mean_steps"], None),
-    ]
-
-
-COLUMNS = ["policy", "mode", "n", "success [95% CI]", "vs base (paired)",
-           "mean reward [95% CI]", "vs base (paired)", "invalid", "steps"]
-
-
-def comparison_table(report: dict) -> str:
-    """The policies side by side as fixed-width text."""
-    if not report["policies"]:
-        return "no evaluation episodes in this run yet"
-    rows = [COLUMNS] + [comparison_cells(e) for e in report["policies"]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)

@@ -1,6 +1,6 @@
 """The sandbox's in-child launcher: a standalone script (stdlib only, no project imports).
 
-sandbox.py runs `python -s -S -B -c "exec(<this file>); exec(launch(cfg), ...)"`
+process.py runs `python -s -S -B -c "exec(<this file>); exec(launch(cfg), ...)"`
 inside the new namespaces, as root where the parent is root. One interpreter does what would
 otherwise take some twenty short-lived tools and a second interpreter: build the private
 root (mounts, pivot_root), stay as the pid namespace's init (reaping orphans, reporting a

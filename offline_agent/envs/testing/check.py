@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from offline_agent.envs.base import ActionError, Env
-from offline_agent.envs.fuzz import named_cases, random_cases
 from offline_agent.envs.parser import parse_action
+from offline_agent.envs.testing.fuzz import named_cases, random_cases
 from offline_agent.types import Task
 
 MAX_OBSERVATION = 5000  # longest observation fuzzed text may produce

@@ -1,4 +1,4 @@
-"""Run untrusted Python (model-written code) in a throwaway, confined process.
+"""One confined process: the argv, environment, limits and clean-up of a sandbox run.
 
 The child is a chain of util-linux tools and one launcher script, so no Python runs between
 fork and exec in the parent (`preexec_fn` is unsafe in a threaded parent such as torch's):
@@ -6,7 +6,7 @@ fork and exec in the parent (`preexec_fn` is unsafe in a threaded parent such as
     /bin/sh: join the run's fresh cgroup           [total memory + process caps]
       -> prlimit (CPU, address space, processes, file size, no core)
       -> unshare --mount --pid --net --ipc --uts --cgroup --fork --kill-child
-      -> python -s -S -B -c sandbox_launcher.py, as root, pid 1 of the new pid namespace:
+      -> python -s -S -B -c launcher.py, as root, pid 1 of the new pid namespace:
          mounts a tmpfs root holding /usr read-only, a fresh /proc, size-capped tmpfs /work,
          /tmp and /dev/shm and five device nodes, pivot_roots into it and drops the old
          root; stays as the init (the run's uid can neither signal nor ptrace it); forks:
@@ -14,33 +14,24 @@ fork and exec in the parent (`preexec_fn` is unsafe in a threaded parent such as
               only UNIX/INET sockets), then main.py runs in that same interpreter
 
 plus a new session (`killpg` on timeout and after every run) and an environment built from
-an allow-list. What this machine provides is probed once (`probe_isolation()`);
-`sandbox_report()` says which layers are active. A missing layer makes `run_python` refuse
-unless the caller passes `allow_weaker=True`.
+an allow-list. `spawn` runs with the layers an `Isolation` names; which layers this machine
+has, and refusing to run without them, is the package's (offline_agent/sandbox/__init__.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import itertools
-import logging
 import os
-import pwd
 import shutil
 import signal
-import stat
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from offline_agent.envs import cgroups
-from offline_agent.envs.base import EnvFailure
-from offline_agent.envs.cgroups import Cgroups
-
-log = logging.getLogger(__name__)
+from offline_agent.sandbox import cgroups
+from offline_agent.sandbox.cgroups import Cgroups
+from offline_agent.sandbox.errors import SandboxError
 
 # Unassigned uids, one per run in turn: what a run leaves behind never counts against the
 # next run's RLIMIT_NPROC, and concurrent runs cannot signal each other.
@@ -68,20 +59,7 @@ SECCOMP_RULES = [
     *[(97, "socket", 4, fam, 0) for fam in (0, 3, 4, 5, 6, 7, 8, 9)],
     (97, "socket", 5, 11, 0),
 ]
-LAUNCHER = Path(__file__).with_name("sandbox_launcher.py").read_text(encoding="utf-8")
-
-
-class SandboxError(EnvFailure):
-    """The sandbox cannot be set up (safely) here; never raised for what user code does."""
-
-
-@dataclass
-class SandboxResult:
-    stdout: str
-    stderr: str
-    returncode: int
-    timed_out: bool = False
-    killed_reason: str | None = None  # "timeout" | "cpu_time" | "memory" | "file_size" | "signal N"
+LAUNCHER = Path(__file__).with_name("launcher.py").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -107,129 +85,17 @@ class Isolation:
         return [name for name, ok in have.items() if not ok]
 
 
-LAYER_NEEDS = {
-    "namespaces": "unshare --pid --net (CAP_SYS_ADMIN)",
-    "private_fs": "namespaces, root, mount/pivot_root and a python3 under /usr",
-    "drop_uid": "running as root (else the child runs as the caller's own uid)",
-    "cgroups": "a writable cgroup (v2 with memory+pids delegated, or v1 memory and pids)",
-    "seccomp": "libseccomp.so.2 loadable by the child's python",
-}
+@dataclass
+class SandboxResult:
+    stdout: str
+    stderr: str
+    returncode: int
+    timed_out: bool = False
+    killed_reason: str | None = None  # "timeout" | "cpu_time" | "memory" | "file_size" | "signal N"
 
 
-def sandbox_report(iso: Isolation | None = None) -> dict[str, str]:
-    """Layer -> what enforces it here, or "MISSING: what it needs"."""
-    iso = iso or probe_isolation()
-    active = {
-        "namespaces": "pid + network + ipc + uts + cgroup namespaces",
-        "private_fs": "tmpfs root: /usr read-only, private /proc, "
-        f"{TMPFS_MB} MB tmpfs /work, /tmp, /dev/shm",
-        "drop_uid": f"uids {SANDBOX_UIDS.start}-{SANDBOX_UIDS.stop - 1}, one per run",
-        "cgroups": iso.cgroups.describe() if iso.cgroups else "",
-        "seccomp": "no unshare/setns/clone(NEWUSER)/io_uring; sockets: UNIX, INET, INET6 only",
-    }
-    missing = iso.missing()
-    report = {k: f"MISSING: {LAYER_NEEDS[k]}" if k in missing else v for k, v in active.items()}
-    report["total_memory"] = (
-        "cgroup memory cap = memory_mb (tmpfs included)"
-        if iso.cgroups
-        else f"RLIMIT_AS memory_mb/{FALLBACK_PROCS} x RLIMIT_NPROC {FALLBACK_PROCS}"
-        + (f" + 3 x {TMPFS_MB} MB tmpfs" if "private_fs" not in missing else "")
-    )
-    report["python"] = iso.python
-    return report
-
-
-@functools.lru_cache(maxsize=1)
-def probe_isolation() -> Isolation:
-    """Probe once what confinement works here; refuse rather than run code as root unlimited."""
-    for tool in ("prlimit", "unshare"):
-        if shutil.which(tool) is None:
-            raise SandboxError(f"the sandbox needs util-linux's `{tool}` on PATH")
-    namespaces = _ok(["unshare", "--net", "--pid", "--fork", "--kill-child", "true"])
-    base = Isolation(namespaces, False, False, cgroups.probe_cgroups(), False, sys.executable)
-    if os.geteuid() == 0:
-        base = dataclasses.replace(base, drop_uid=True, python=_root_python())
-        in_usr = os.path.realpath(base.python).startswith("/usr/")
-        trial = dataclasses.replace(base, private_fs=namespaces and in_usr)
-        if trial.private_fs and _run("print(1)", 5, 512, trial).stdout == "1\n":
-            base = trial
-    # seccomp counts only if the filter loads and then really refuses a new user namespace
-    trial = dataclasses.replace(base, seccomp=True)
-    code = "import ctypes\nprint(ctypes.CDLL(None, use_errno=True).unshare(0x10000000))"
-    return trial if _run(code, 5, 512, trial).stdout == "-1\n" else base
-
-
-def _root_python() -> str:
-    """An interpreter an unprivileged uid can run (the venv's may sit under /root, mode 700)."""
-    taken = [u for u in SANDBOX_UIDS if _has_account(u)]
-    if taken:
-        raise SandboxError(f"uids {taken[:5]} of the sandbox range belong to accounts here")
-    candidates = [sys.executable, shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")]
-    usable = [p for p in candidates if p and _world_executable(p)]
-    if not usable:
-        raise SandboxError(
-            f"running as root, but no Python interpreter is executable by an unprivileged uid "
-            f"(tried {candidates}); install a system python3 or run as a normal user"
-        )
-    return usable[0]
-
-
-def _ok(argv: list[str]) -> bool:
-    return subprocess.run(argv, capture_output=True, check=False).returncode == 0
-
-
-def _has_account(uid: int) -> bool:
-    try:
-        pwd.getpwuid(uid)
-        return True
-    except KeyError:
-        return False
-
-
-def _world_executable(path: str) -> bool:
-    """Whether any user can reach and execute `path` (every parent directory o+x)."""
-    real = Path(os.path.realpath(path))
-    return all(os.stat(p).st_mode & stat.S_IXOTH for p in [real, *real.parents])
-
-
-@functools.cache
-def _warn_weaker(missing: tuple[str, ...]) -> None:
-    log.warning("sandbox runs WITHOUT %s (allowed by the caller)", ", ".join(missing))
-
-
-def run_python(
-    code: str,
-    timeout_s: float = 5,
-    memory_mb: int = 512,
-    isolation: Isolation | None = None,
-    allow_weaker: bool = False,
-) -> SandboxResult:
-    """Run `code` as a script in a fresh confined process; never raises for what the code does.
-
-    `memory_mb` caps the whole run (all its processes and tmpfs files) where cgroups exist.
-    `isolation` defaults to what `probe_isolation()` finds (tests pass weaker ones). Raises
-    SandboxError if a layer is missing, unless `allow_weaker`.
-    """
-    return _run(code, timeout_s, memory_mb, require_isolation(allow_weaker, isolation))
-
-
-def require_isolation(allow_weaker: bool = False, isolation: Isolation | None = None) -> Isolation:
-    """The isolation to use (default: probed); SandboxError if a layer is missing and the
-    caller did not allow it; a warning, once, if it did."""
-    iso = isolation or probe_isolation()
-    if iso.missing():
-        if not allow_weaker:
-            needs = "; ".join(f"{k} (needs {LAYER_NEEDS[k]})" for k in iso.missing())
-            raise SandboxError(
-                f"refusing to run untrusted code: this machine lacks sandbox layers: {needs}. "
-                f"To run anyway with less isolation, set allow_weaker=True "
-                f"(python env: env.kwargs.allow_weaker_sandbox: true)"
-            )
-        _warn_weaker(tuple(iso.missing()))
-    return iso
-
-
-def _run(code: str, timeout_s: float, memory_mb: int, iso: Isolation) -> SandboxResult:
+def spawn(code: str, timeout_s: float, memory_mb: int, iso: Isolation) -> SandboxResult:
+    """Run `code` as main.py under `iso`'s layers; never raises for what the code does."""
     uid = SANDBOX_UIDS[next(_run_counter) % len(SANDBOX_UIDS)]
     stage = tempfile.mkdtemp(prefix="oa-sandbox-")  # mode 0700: main.py, seen only by root
     try:
