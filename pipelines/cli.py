@@ -145,14 +145,25 @@ def round_number(text: str) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from offline_agent.training import distributed
     from pipelines.runner import run
     from pipelines.stages import pipeline
 
+    if distributed.world_size() > 1:  # accelerate launch / torchrun: docs/training.md
+        if (args.only or "").partition("@")[0] != "train":
+            raise UsageError(f"launched as {distributed.world_size()} processes: only a train "
+                             "stage runs on several; add --only train (or --only train@K)")
+        if distributed.is_follower():  # trains what the main process sends; never the store
+            from offline_agent.training.fit import follow
+
+            follow()
+            return 0
     cfg = RunConfig.load(args.config, args.overrides)
     run_dir = args.run_dir or Path("runs") / f"{cfg.run.name}-{datetime.now():%Y%m%d-%H%M%S}"
     try:
         run(cfg, run_dir, pipeline(cfg.run.iterations), until=args.until, only=args.only,
             force=args.force)
+        distributed.release()  # not after a failure: the launcher then stops the others
     except KeyboardInterrupt:
         print(f"\ninterrupted; rerun the same command to resume.\nrun directory: {run_dir}",
               file=sys.stderr)

@@ -20,28 +20,37 @@ REFERENCE = "reference.pt"
 
 
 @torch.no_grad()
-def reference_logps(model, items: list[list[Encoded]], budget: int) -> torch.Tensor:
-    """(N, 2) summed action log-probs of (chosen, rejected) under the adapter-disabled model."""
-    out = torch.empty(len(items), 2)
+def reference_logps(model, items: list[list[Encoded]], budget: int,
+                    share: tuple[int, int] = (0, 1)) -> torch.Tensor:
+    """(N, 2) summed action log-probs of (chosen, rejected) under the adapter-disabled model.
+    share=(i, n): only every n-th packed group from the i-th (the rest stay 0), so n
+    processes each compute a share of the same forwards and their results sum to the whole."""
+    out = torch.zeros(len(items), 2)
     with model.disable_adapter():
-        for group in groups(items, budget):
+        for group in groups(items, budget)[share[0]::share[1]]:
             seqs = [s for i in group for s in items[i]]
             out[group] = sequence_logps(model, pack(seqs)).view(-1, 2).cpu()
     return out
 
 
-def load_or_compute_reference(model, items, keys: list, budget: int, folder: Path) -> torch.Tensor:
-    """The stored reference of exactly these pairs (keys in order), else computed and stored."""
+def load_or_compute_reference(model, items, keys: list, budget: int, folder: Path,
+                              accelerator) -> torch.Tensor:
+    """The stored reference of exactly these pairs (keys in order), else computed (shared
+    among the processes) and stored by the main process."""
     path = Path(folder) / REFERENCE
     if path.exists():
         saved = torch.load(path, weights_only=True)
         if saved["keys"] == keys:
             return saved["logps"]
-    logps = reference_logps(model, items, budget)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"keys": keys, "logps": logps}, tmp)
-    os.replace(tmp, path)
+    share = (accelerator.process_index, accelerator.num_processes)
+    logps = reference_logps(model, items, budget, share)
+    if accelerator.num_processes > 1:
+        logps = accelerator.reduce(logps.to(accelerator.device), "sum").cpu()
+    if accelerator.is_main_process:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save({"keys": keys, "logps": logps}, tmp)
+        os.replace(tmp, path)
     return logps
 
 

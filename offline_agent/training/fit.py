@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from . import distributed
 from .config import TrainConfig
 from .dpo import DPOObjective, load_or_compute_reference
 from .logprobs import encode_example, encode_pair
@@ -20,13 +21,15 @@ def fit_policy(policy: str, rows: list[dict], model_id: str, cfg: TrainConfig, f
     """Train `policy` (rft: rows are examples; dpo_*: rows are pairs) into folder/final.
 
     `adapter`: a previous policy merged into the base first, so it is the reference.
-    Returns the last step's metrics plus the data counts.
+    Returns the last step's metrics plus the data counts. Launched on several processes,
+    the main process's call is repeated by the others (`follow`), without the callbacks.
     """
-    from accelerate import Accelerator
-
     if not rows:
         raise ValueError(f"policy {policy!r}: no training data")
-    accelerator = Accelerator()
+    accelerator = distributed.make_accelerator()
+    distributed.share_job(accelerator, {"policy": policy, "rows": rows, "model_id": model_id,
+                                        "cfg": cfg, "folder": folder, "adapter": adapter,
+                                        "resume": resume})
     model, tokenizer = load_base(model_id, cfg, str(accelerator.device), adapter)
     model = add_lora(model, cfg)
     folder = Path(folder)
@@ -36,7 +39,7 @@ def fit_policy(policy: str, rows: list[dict], model_id: str, cfg: TrainConfig, f
     else:
         items = [list(encode_pair(tokenizer, r)) for r in rows]
         reference = load_or_compute_reference(model, items, [r["pair_id"] for r in rows],
-                                              cfg.pack_tokens, folder)
+                                              cfg.pack_tokens, folder, accelerator)
         objective = DPOObjective(items, reference, cfg)
     metrics = train(model, objective, cfg, folder, accelerator, resume=resume,
                     on_metrics=on_metrics, on_checkpoint=on_checkpoint)
@@ -44,3 +47,10 @@ def fit_policy(policy: str, rows: list[dict], model_id: str, cfg: TrainConfig, f
         write_merged(model_id, str(folder / "final"), str(folder / "merged"), cfg, adapter)
     return {**metrics, "items": len(items),
             "action_tokens": sum(s.action_tokens for seqs in items for s in seqs)}
+
+
+def follow() -> None:
+    """A process other than the main one of a multi-process launch: train each policy the
+    main process trains, until it is done (distributed.py)."""
+    while (job := distributed.next_job()) is not None:
+        fit_policy(**job)

@@ -1,8 +1,12 @@
 """The one training loop, shared by DPO and RFT (the objective says what a loss is).
 
-Under `accelerate launch` the same loop runs in every process: each takes its share of a
-step's items, and adapter gradients are summed across processes before the optimizer step
-(so processes may run different numbers of packed forwards). On CPU it is one process.
+Under `accelerate launch` the same loop runs in every process (distributed.py): each takes
+every num_processes-th item of a step, runs its own packed forwards, and the adapter
+gradients and the step's summed statistics are added across processes before the optimizer
+step, so processes may run different numbers of forwards (or none) and the step's loss and
+gradient are those of one process taking the whole step. Every process starts from the same
+seeded adapter and applies the same summed gradient, so the adapters stay equal without
+DDP; only the main process calls on_metrics / on_checkpoint and writes folders.
 
 Checkpoints (see checkpoint.py) hold everything a resume needs to give the same next loss as
 an uninterrupted run: adapter, optimizer, scheduler, data order, RNG state.
@@ -59,11 +63,9 @@ def train(model, objective, cfg: TrainConfig, folder: Path, accelerator, *,
     order = data_order(len(objective.items), cfg.epochs, cfg.seed)
     total = num_steps(len(objective.items), cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(cfg.warmup_steps, total))
-    model, optimizer = accelerator.prepare(model, optimizer)
-    plain = accelerator.unwrap_model(model)
     start = 0
     if resume:
-        start, order = checkpoint.load(Path(resume), plain, optimizer, scheduler)
+        start, order = checkpoint.load(Path(resume), model, optimizer, scheduler)
     model.train()
     kill_after = int(os.environ.get(KILL_AFTER, "0"))
     metrics: dict = {}
@@ -71,22 +73,23 @@ def train(model, objective, cfg: TrainConfig, folder: Path, accelerator, *,
         indices = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
         metrics = run_step(model, objective, indices, params, optimizer, scheduler, cfg,
                            accelerator)
-        on_metrics(step + 1, metrics)
+        if accelerator.is_main_process:
+            on_metrics(step + 1, metrics)
         if (step + 1) % cfg.save_every == 0 and step + 1 < total:
-            _save_step(folder, plain, optimizer, scheduler, step + 1, order, accelerator,
+            _save_step(folder, model, optimizer, scheduler, step + 1, order, accelerator,
                        on_checkpoint)
         if step + 1 == kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
     if accelerator.is_main_process:
-        checkpoint.write_atomic(folder / "final", plain.save_pretrained)
+        checkpoint.write_atomic(folder / "final", model.save_pretrained)
     return {**metrics, "step": total}
 
 
-def _save_step(folder, plain, optimizer, scheduler, step, order, accelerator, on_checkpoint):
+def _save_step(folder, model, optimizer, scheduler, step, order, accelerator, on_checkpoint):
     if not accelerator.is_main_process:
         return
     previous = sorted(folder.glob("step-*"))
-    saved = checkpoint.save(folder / f"step-{step}", plain, optimizer, scheduler, step, order)
+    saved = checkpoint.save(folder / f"step-{step}", model, optimizer, scheduler, step, order)
     on_checkpoint(step, saved)
     for old in previous:  # keep only the checkpoint the store points at
         if old != saved:
@@ -104,19 +107,14 @@ def run_step(model, objective, indices: list[int], params, optimizer, scheduler,
     tokens = 0
     for group in groups(items, cfg.pack_tokens):
         group = [mine[g] for g in group]
-        with accelerator.no_sync(model):
-            loss, stats = objective.group_loss(model, group, indices)
-            accelerator.backward(loss)
+        loss, stats = objective.group_loss(model, group, indices)
+        loss.backward()
         for k, v in stats.items():
             sums[k] = sums.get(k, 0.0) + v
         tokens += sum(len(s.ids) for i in group for s in objective.items[i])
     if accelerator.num_processes > 1:
-        for p in params:
-            p.grad = accelerator.reduce(p.grad if p.grad is not None else torch.zeros_like(p),
-                                        "sum")
-        sums = {k: accelerator.reduce(torch.tensor(v, device=accelerator.device), "sum").item()
-                for k, v in sums.items()}
-        tokens = int(accelerator.reduce(torch.tensor(tokens, device=accelerator.device), "sum"))
+        _sum_gradients(params, accelerator)
+        sums, tokens = _sum_stats(sums, tokens)
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()
@@ -124,3 +122,26 @@ def run_step(model, objective, indices: list[int], params, optimizer, scheduler,
     seconds = time.perf_counter() - began
     return {**objective.metrics(sums, indices), "lr": lr, "tokens": tokens,
             "tokens_per_s": tokens / seconds, "seconds": seconds}
+
+
+def _sum_gradients(params, accelerator) -> None:
+    """Each adapter gradient := its sum over processes (one all-reduce of them all); a process
+    that had no item this step adds zeros."""
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+                      for p in params])
+    flat = accelerator.reduce(flat, "sum")
+    for p, g in zip(params, flat.split([p.numel() for p in params])):
+        p.grad = g.view_as(p)
+
+
+def _sum_stats(sums: dict, tokens: int) -> tuple[dict, int]:
+    """The step's summed statistics and token count over processes, added in process order
+    (a process without items sent no keys)."""
+    from accelerate.utils import gather_object
+
+    shares = gather_object([(sums, tokens)])
+    total: dict = {}
+    for part, _ in shares:
+        for k, v in part.items():
+            total[k] = total.get(k, 0.0) + v
+    return total, sum(n for _, n in shares)
