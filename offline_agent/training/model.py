@@ -81,12 +81,11 @@ def require_bitsandbytes():
 def add_lora(model, cfg: TrainConfig):
     """Wrap `model` in a fresh LoRA adapter (seeded init); gradient checkpointing if asked."""
     peft = import_peft()
-    if cfg.quantization == "4bit":
-        model = peft.prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=cfg.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.quantization == "4bit":  # freeze the base, cast its other weights to float32
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if cfg.gradient_checkpointing:  # non-reentrant: inputs need not require grad
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
     torch.manual_seed(cfg.seed)
     lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                            lora_dropout=cfg.lora_dropout,
