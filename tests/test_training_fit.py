@@ -163,8 +163,8 @@ def test_qlora_reference_and_gradients_do_not_depend_on_avx512_bf16(tiny_model_d
 def test_embedded_qlora_reference_and_gradients_do_not_depend_on_avx512_bf16(embedded_dir,
                                                                               monkeypatch):
     """The real model's dims are ones bitsandbytes packs: there, its packed layers would give
-    other reference log-probs and pass no gradient to their inputs (cosine 0.12 to the true
-    gradient on a 64-wide model, measured); load_4bit keeps every layer off that path."""
+    other reference log-probs and pass no gradient to their inputs (docs/training.md);
+    load_4bit keeps every layer off that path."""
     import bitsandbytes
     import torch
 

@@ -18,12 +18,12 @@ import yaml
 from .config import TrainConfig
 
 POLICY_TEXT = {  # policy -> (its tags, what it trains)
-    "rft": (["sft", "rft"], "masked SFT on successful (and hindsight-relabeled) episodes: only the "
-                   "agent's own tokens are trained on"),
-    "dpo_outcome": (["dpo"], "action-masked DPO on trajectory pairs: a success against a failure "
-                           "of one task"),
-    "dpo_step": (["dpo"], "action-masked DPO on Agent Q step pairs: two sibling actions after the "
-                        "same history, ranked by search"),
+    "rft": (["sft", "rft"], "masked SFT on successful (and hindsight-relabeled) episodes: "
+                            "only the agent's own tokens are trained on"),
+    "dpo_outcome": (["dpo"], "action-masked DPO on trajectory pairs: a success against a "
+                             "failure of one task"),
+    "dpo_step": (["dpo"], "action-masked DPO on Agent Q step pairs: two sibling actions after "
+                          "the same history, ranked by search"),
     "dpo_step_outcome": (["dpo"], "action-masked DPO on step pairs and trajectory pairs"),
 }
 EVAL_TEXT = ("The run's `eval` stage plays every trained policy greedily on the held-out test "

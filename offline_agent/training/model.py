@@ -48,7 +48,8 @@ def load_4bit(path: str, dtype: torch.dtype, device: str):
 
     On a CPU with avx512_bf16, bitsandbytes 0.50 runs a 4-bit layer in eval mode without grad
     (the DPO reference pass) through a fused kernel: it first repacks the layer's weights,
-    which fails for in_features below its blocksize (64), and the repacked layer then runs
+    which fails unless in_features is a multiple of the blocksize (64) and out_features of
+    32 (the tiny test model's 32 in: a reshape error), and the repacked layer then runs
     every later forward through that kernel, which passes no gradient to the layer's input
     (training gradients wrong) and differs from the training forward numerically. The
     layers here keep the one path that trains, on every CPU: any dims, a reference pass that
