@@ -63,6 +63,8 @@ def test_train_stage_trains_each_policy_records_checkpoints_and_skips_when_done(
             assert [r["step"] for r in store.metrics("train", policy)] == list(
                 range(1, final["step"] + 1))
         data = store.metrics("train", "dpo_step_outcome")[0]["data"]
+        card = (tmp_path / "r" / final["folder"] / "README.md").read_text()
+        assert f"trained on offline-agent run `{store.run_id}`" in card
     assert {"loss", "margin", "accuracy", "lr", "tokens_per_s"} <= set(data)
     again = run(cfg, tmp_path / "r", TRAIN)["train"]
     assert again["status"] == "skipped"
@@ -130,3 +132,26 @@ def test_adapter_folders_are_recorded_relative_to_the_run_dir(tiny_model_dir, tm
     with Store(moved / "store.duckdb", read_only=True) as store:
         folder = eval_policies(store, moved)["dpo_step"]
     assert (Path(folder) / "adapter_config.json").is_file()
+
+
+def test_a_later_rounds_card_names_the_public_base_and_the_adapters_merged_into_it(tmp_path):
+    from pipelines.stages.rounds import ITERATE
+    from pipelines.stages.train import provenance
+
+    cfg = RunConfig.from_dict({"model": {"adapter": "/adapters/start"}})
+    with Store(tmp_path / "store.duckdb") as store:
+        for k, policy, adapter in ((2, "dpo_step", "checkpoints/train/dpo_step/final"),
+                                   (3, "rft@2", "checkpoints/train@2/rft/final")):
+            store.set_checkpoint(f"search@{k}", "", ITERATE, {
+                "folder": f"checkpoints/search@{k}/iterate", "policy": policy,
+                "adapter": adapter})
+        first, third = provenance(cfg, store, 1), provenance(cfg, store, 3)
+        run_id = store.run_id
+    assert first.base == third.base == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert first.merged == ["`/adapters/start` (model.adapter)"] and first.round == 1
+    assert third.run_id == run_id and third.round == 3 and "Q4_1" in third.note
+    assert third.merged[0] == first.merged[0] and len(third.merged) == 3
+    assert "policy `dpo_step`" in third.merged[1]
+    assert "`checkpoints/train/dpo_step/final`" in third.merged[1]
+    assert "policy `rft@2`" in third.merged[2]
+    assert "`checkpoints/train@2/rft/final`" in third.merged[2]

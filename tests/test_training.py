@@ -232,3 +232,65 @@ def test_rft_never_trains_on_the_demonstrations_actions(tokenizer):
     assert trained.startswith("buy") and "demo" not in trained
     old_row = encode_example(tokenizer, {"messages": chat})  # mined before the count was kept
     assert "search[demo]" in tokenizer.decode([i for i, m in zip(old_row.ids, old_row.mask) if m])
+
+
+# ---- QLoRA's requirement, the adapter's card ---------------------------------------------------
+def test_qlora_without_bitsandbytes_is_one_line_naming_the_extra(tiny_model_dir, monkeypatch):
+    import sys
+
+    from offline_agent.training.model import load_base
+
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # `import bitsandbytes` fails
+    with pytest.raises(ImportError) as err:
+        load_base(tiny_model_dir, TrainConfig(quantization="4bit"), "cpu")
+    assert str(err.value) == ("train.quantization=4bit (QLoRA) needs bitsandbytes, which is not "
+                              "installed: pip install 'offline-agent[qlora]'")
+
+
+def test_public_id_names_the_embedded_model_by_its_hub_id():
+    from offline_agent.policy.models import copy_note, public_id
+
+    assert public_id("embedded:smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert public_id("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert public_id("/models/mine") == "/models/mine"
+    assert "Q4_1" in copy_note("embedded:smollm2-135m-instruct") and copy_note("org/m") == ""
+    with pytest.raises(ValueError, match="unknown embedded model 'nope'"):
+        public_id("embedded:nope")
+
+
+def front_matter(card: str) -> dict:
+    import yaml
+
+    assert card.startswith("---\n")
+    return yaml.safe_load(card.split("---\n")[1])
+
+
+def test_card_names_base_policy_run_and_config_in_peft_form():
+    from offline_agent.training.card import POLICY_TEXT, Provenance, card
+    from offline_agent.training.config import POLICIES
+
+    assert set(POLICY_TEXT) == set(POLICIES)
+    cfg = TrainConfig(lr=3e-4, quantization="4bit")
+    stats = {"step": 7, "loss": 0.61234, "items": 12, "action_tokens": 90}
+    text = card("org/base", "dpo_step", Provenance("org/base", run_id="abc123"), cfg, stats)
+    header = front_matter(text)
+    assert header["base_model"] == "org/base" and header["library_name"] == "peft"
+    assert {"base_model:adapter:org/base", "lora", "dpo", "qlora"} <= set(header["tags"])
+    assert "run `abc123`" in text and "policy\n`dpo_step`" in text and "12 pairs" in text
+    assert "lr: 0.0003" in text and "0.6123" in text and "offline-agent report" in text
+    assert "merged" not in text
+    rft = card("org/base", "rft", Provenance("org/base"), TrainConfig(), stats)
+    assert "sft" in front_matter(rft)["tags"] and "12 examples" in rft
+
+
+def test_card_of_a_later_round_says_what_was_merged_into_the_base():
+    from offline_agent.training.card import Provenance, card
+
+    provenance = Provenance("org/base", ["the final adapter of policy `dpo_step`"],
+                            run_id="abc123", round=2)
+    stats = {"step": 1, "loss": 0.5, "items": 1, "action_tokens": 3}
+    text = card("/runs/r/checkpoints/search@2/iterate", "dpo_step", provenance, TrainConfig(),
+                stats)
+    assert front_matter(text)["base_model"] == "org/base"
+    assert "round 2" in text and "1. the final adapter of policy `dpo_step`" in text
+    assert "not to the base alone" in text and "`/runs/r/checkpoints/search@2/iterate`" in text

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from .adapters import merge_adapter
 from .base import Completion, Sampling, call_rows, encode_prompt, make_completion
 from .grammar import CallGrammar, prompt_grammars
 from .kv_buffer import HEADROOM, new_cache
@@ -84,11 +85,8 @@ class HFPolicy:
         path = resolve_model(model_id)
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()
-        if adapter:
-            from peft import PeftModel
-
-            # Merged: sampling runs at the base model's speed.
-            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        if adapter:  # merged: sampling runs at the base model's speed
+            model = merge_adapter(model, adapter)
         return cls(model, tokenizer, max_batch=max_batch, seed=seed,
                    prefix_cache_gb=prefix_cache_gb, constrain=constrain)
 

