@@ -18,7 +18,7 @@ from pipelines.config import ConfigError, RunConfig, help_lines, make_env
 from pipelines.export import ExportError
 from pipelines.progress import ProgressError, read_progress
 from pipelines.runner import RunError
-from storage import Store, StoreError, StoreInUse
+from storage import Store, StoreError, StoreInUse, merge_shards
 
 
 class UsageError(Exception):
@@ -200,7 +200,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     args.out.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         with Store(target) as store:
-            added = store.merge_from(shards)
+            added = merge_shards(store, shards)
     except BaseException:  # leave nothing behind: no half-made store, no empty directory
         if made:
             shutil.rmtree(made[-1], ignore_errors=True)
@@ -247,20 +247,20 @@ def cmd_tree(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out} is a directory; give a file, e.g. "
                          f"{args.out / tree_path(Path(), args.task, args.format).name}")
     with Store(args.run_dir / "store.duckdb", read_only=True) as store:
-        trees = {t["task_id"]: t for t in store.trees()}
+        trees = {t.task_id: t for t in store.trees()}
         if args.task not in trees:
             known = ", ".join(list(trees)[:5]) or "none yet"
             raise StoreError(f"no search tree for task {args.task!r} (trees: {known}, ...)")
         tree = trees[args.task]
-        nodes = store.load_tree(tree["tree_id"])
+        nodes = store.load_tree(tree.tree_id)
         instruction = next((t.instruction for t in store.tasks() if t.id == args.task), "")
     out = args.out or tree_path(args.run_dir, args.task, args.format)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.format == "graphml":
         write_graphml(nodes, out)
     else:
-        title = (f"{args.task}: {instruction} ({tree['simulations_done']} simulations, "
-                 f"best reward {tree['best_reward']})")
+        title = (f"{args.task}: {instruction} ({tree.simulations_done} simulations, "
+                 f"best reward {tree.best_reward})")
         out.write_text(render_html(nodes, title))
     print(f"wrote {out} ({len(nodes)} nodes)")
     return 0

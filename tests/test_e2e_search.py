@@ -24,16 +24,16 @@ def test_search_with_embedded_model(tmp_path):
     # the stages after search (mining, training, eval) are tested on the tiny model
     assert main(["run", str(config), "--run-dir", str(tmp_path / "r"), "--until", "search"]) == 0
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
-        assert [t["simulations_done"] for t in s.trees()] == [2]
-        nodes = [n for t in s.trees() for n in s.load_tree(t["tree_id"])]
-        children = [n for n in nodes if n["parent_id"] is not None]
-        assert children and all(n["action"] for n in children)
+        assert [t.simulations_done for t in s.trees()] == [2]
+        nodes = [n for t in s.trees() for n in s.load_tree(t.tree_id)]
+        children = [n for n in nodes if n.parent_id is not None]
+        assert children and all(n.action for n in children)
         # the real model writes parseable actions at least sometimes
-        assert any(not n["invalid"] for n in children)
+        assert any(not n.invalid for n in children)
         # critic scores of each sibling group form a distribution
         groups: dict[int, list[float]] = {}
         for n in children:
-            groups.setdefault(n["parent_id"], []).append(n["critic_score"])
+            groups.setdefault(n.parent_id, []).append(n.critic_score)
         for scores in groups.values():
             assert sum(scores) == pytest.approx(1.0, abs=1e-6)
         assert len(s.trajectories("mcts_rollout")) == 2

@@ -14,7 +14,7 @@ from offline_agent.evaluation import EvalConfig
 from offline_agent.types import Task
 from pipelines.cli import main
 from pipelines.stages.report import build_report, comparison_table, write_report
-from storage import Store
+from storage import ExampleRow, PairRow, Store
 
 N = 40  # test tasks
 
@@ -43,11 +43,11 @@ def fill(store: Store, training: bool = True) -> None:
     store.insert_eval_episodes(episodes("base", set(range(0, N, 4)), invalid_every=5), "eval")
     if not training:
         return
-    store.insert_pairs([{"pair_id": i, "task_id": "t000", "kind": k, "prompt": [], "chosen": [],
-                         "rejected": []} for i, k in enumerate(["step"] * 3 + ["trajectory"])],
+    store.insert_pairs([PairRow(pair_id=i, task_id="t000", kind=k, prompt=[], chosen=[],
+                                rejected=[]) for i, k in enumerate(["step"] * 3 + ["trajectory"])],
                        "mine")
-    store.insert_examples([{"example_id": 0, "task_id": "t000", "env": "minishop",
-                            "kind": "rft", "instruction": "buy", "messages": []}], "mine")
+    store.insert_examples([ExampleRow(example_id=0, task_id="t000", env="minishop",
+                                      kind="rft", instruction="buy", messages=[])], "mine")
     for policy in ("dpo_step", "rft"):  # training order: dpo_step finished first
         store.set_checkpoint("train", "", f"{policy}/final", {"folder": f"x/{policy}", "step": 5})
         store._insert("metrics", [{"series": policy, "step": s,
