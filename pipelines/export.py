@@ -131,7 +131,8 @@ arXiv 2408.07199): the policy `{model}` searched each training task of the
 `{config["env"]["name"]}` environment with Monte Carlo tree search (at every node it proposed
 actions, ranked them itself as a critic, and rollouts were scored by the environment's
 verifier). `pairs` holds step-level preferences between sibling actions whose values
-Q = alpha*Q_mcts + (1-alpha)*critic differ by at least theta; `trajectory_pairs` a
+Q = alpha*Q_mcts + (1-alpha)*critic (a finished episode's step: its reward) differ by at
+least theta; `trajectory_pairs` a
 successful vs a failed episode of one task (outcome DPO); `rft` successful episodes for
 rejection-sampling fine-tuning; `hindsight` failed episodes relabeled with the goal they
 reached, each verified by replaying its actions under the new goal.
