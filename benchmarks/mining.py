@@ -1,5 +1,5 @@
-"""Step-pair mining: the Store's one SQL pass (self-join of siblings + window-function caps)
-vs the plain-Python oracle (offline_agent.mining.pairs.step_pairs) over the same rows.
+"""Step-pair mining: the one SQL pass (storage/mining.py: self-join of siblings + window-function
+caps) vs the plain-Python oracle (offline_agent.mining.pairs.step_pairs) over the same rows.
 Both must return the same pairs; prints the time of each and the ratio.
 
 The store is synthetic: `--trees` trees of `--nodes-per-tree` nodes (a 4-ary shape like
@@ -23,29 +23,35 @@ from pathlib import Path
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from offline_agent.mining.config import MineConfig  # noqa: E402
-from offline_agent.mining.pairs import step_pairs  # noqa: E402
+from offline_agent.mining.pairs import step_pairs, step_params  # noqa: E402
 from offline_agent.types import Task  # noqa: E402
-from storage import Store, make_node_id  # noqa: E402
+from storage import (  # noqa: E402
+    NodeRow,
+    Store,
+    TreeRow,
+    make_node_id,
+    select_step_pairs,
+    step_pair_inputs,
+)
 
 
 def fill(store: Store, trees: int, per_tree: int, seed: int = 0) -> None:
     rng = random.Random(seed)
     store.insert_tasks([Task(f"t{t:06d}", "synthetic", f"task {t}") for t in range(trees)],
                        "tasks")
-    store.upsert_trees([{"tree_id": t, "task_id": f"t{t:06d}", "status": "done"}
-                        for t in range(trees)], "search")
+    store.upsert_trees([TreeRow(t, f"t{t:06d}", "done") for t in range(trees)], "search")
     for start in range(0, trees, 100):
         rows = []
         for t in range(start, min(start + 100, trees)):
             for i in range(per_tree):
                 visits = rng.choice((0, 1, 1, 2, 3, 8))
-                rows.append({
-                    "node_id": make_node_id(t, i), "tree_id": t,
-                    "parent_id": None if i == 0 else make_node_id(t, (i - 1) // 4),
-                    "depth": 0, "visits": visits, "value_sum": rng.random() * visits,
-                    "critic_score": rng.random(), "terminal": rng.random() < 0.1,
-                    "reward": rng.choice((0.0, 0.5, 1.0)), "invalid": rng.random() < 0.1,
-                    "ending": rng.choice((None, 1.0))})
+                rows.append(NodeRow(
+                    node_id=make_node_id(t, i), tree_id=t,
+                    parent_id=None if i == 0 else make_node_id(t, (i - 1) // 4),
+                    depth=0, visits=visits, value_sum=rng.random() * visits,
+                    critic_score=rng.random(), terminal=rng.random() < 0.1,
+                    reward=rng.choice((0.0, 0.5, 1.0)), invalid=rng.random() < 0.1,
+                    ending=rng.choice((None, 1.0))))
         store.insert_nodes(rows)
 
 
@@ -54,26 +60,24 @@ def main() -> None:
     ap.add_argument("--trees", type=int, default=1000)
     ap.add_argument("--nodes-per-tree", type=int, default=1000)
     args = ap.parse_args()
-    cfg = MineConfig()
+    params = step_params(MineConfig())
     with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "bench.duckdb") as store:
         t0 = time.perf_counter()
         fill(store, args.trees, args.nodes_per_tree)
         print(f"synthetic store: {store.counts()['nodes']:,} nodes in {args.trees} trees "
               f"({time.perf_counter() - t0:.1f}s to build)")
         t0 = time.perf_counter()
-        sql, _ = store.step_pairs(cfg.alpha, cfg.theta, cfg.min_visits, cfg.invalid_rejected,
-                                  cfg.max_pairs_per_node, cfg.max_pairs_per_task,
-                                  cfg.max_pairs, cfg.margin_bins, cfg.seed)
+        sql, _ = select_step_pairs(store, params)
         t_sql = time.perf_counter() - t0
         t0 = time.perf_counter()
-        rows = store.step_pair_rows()
+        nodes, tasks = step_pair_inputs(store)
         t_fetch = time.perf_counter() - t0
         t0 = time.perf_counter()
-        py = [vars(p) for p in step_pairs(rows, cfg)]
+        py = step_pairs(nodes, tasks, params)
         t_py = time.perf_counter() - t0
     assert sql == py, "SQL and Python mining disagree"
     print(f"pairs kept: {len(sql):,} (identical in both passes)")
-    print(f"SQL pass (Store.step_pairs):        {t_sql:7.2f} s")
+    print(f"SQL pass (select_step_pairs):       {t_sql:7.2f} s")
     print(f"Python pass (mining.pairs oracle):  {t_py:7.2f} s  (+ {t_fetch:.2f} s to fetch rows)")
     print(f"ratio Python / SQL: {t_py / t_sql:.1f}x  (with the fetch: "
           f"{(t_py + t_fetch) / t_sql:.1f}x)")

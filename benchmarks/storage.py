@@ -25,58 +25,60 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).re
 
 import duckdb  # noqa: E402
 
-from storage import Store, make_node_id  # noqa: E402
+from storage import NodeRow, NodeVisits, Store, make_node_id  # noqa: E402
 
 
-def node_rows(n: int, tree_id: int = 0) -> list[dict]:
+def node_rows(n: int, tree_id: int = 0) -> list[NodeRow]:
     rng = random.Random(0)
     return [
-        {
-            "node_id": make_node_id(tree_id, i),
-            "tree_id": tree_id,
-            "parent_id": None if i == 0 else make_node_id(tree_id, rng.randrange(i)),
-            "depth": min(i, 8),
-            "action": f'{{"name": "search", "arguments": {{"query": "red shoes {i}"}}}}',
-            "tool_call": {"name": "search", "arguments": {"query": f"red shoes {i}"}},
-            "observation": "Results: " + " | ".join(f"item {i}-{j} $12.99" for j in range(20)),
-            "critic_rank": i % 4,
-            "critic_score": rng.random(),
-            "reward": 0.0,
-            "terminal": i % 7 == 0,
-            "snapshot": {"num_steps": i % 8, "state": os.urandom(400).hex()},  # ~1 KB of JSON
-            "created_sim": i // 4,
-        }
+        NodeRow(
+            node_id=make_node_id(tree_id, i),
+            tree_id=tree_id,
+            parent_id=None if i == 0 else make_node_id(tree_id, rng.randrange(i)),
+            depth=min(i, 8),
+            action=f'{{"name": "search", "arguments": {{"query": "red shoes {i}"}}}}',
+            tool_call={"name": "search", "arguments": {"query": f"red shoes {i}"}},
+            observation="Results: " + " | ".join(f"item {i}-{j} $12.99" for j in range(20)),
+            critic_rank=i % 4,
+            critic_score=rng.random(),
+            reward=0.0,
+            terminal=i % 7 == 0,
+            snapshot={"num_steps": i % 8, "state": os.urandom(400).hex()},  # ~1 KB of JSON
+            created_sim=i // 4,
+        )
         for i in range(n)
     ]
 
 
-def bulk(path: Path, rows: list[dict], batch: int) -> tuple[float, float]:
+def bulk(path: Path, rows: list[NodeRow], batch: int) -> tuple[float, float]:
     with Store(path) as store:
         start = time.perf_counter()
         for i in range(0, len(rows), batch):
             store.insert_nodes(rows[i : i + batch])
         insert = time.perf_counter() - start
-        updates = [{"node_id": r["node_id"], "visits": 3, "value_sum": 1.5} for r in rows]
+        updates = [NodeVisits(r.node_id, 3, 1.5) for r in rows]
         start = time.perf_counter()
         for i in range(0, len(updates), batch):
-            store.update_nodes(updates[i : i + batch])
+            store.update_visits(updates[i : i + batch])
         update = time.perf_counter() - start
     return len(rows) / insert, len(rows) / update
 
 
-def row_by_row(path: Path, rows: list[dict]) -> tuple[float, float]:
+def row_by_row(path: Path, rows: list[NodeRow]) -> tuple[float, float]:
     Store(path).close()  # same schema
     con = duckdb.connect(str(path))
-    cols = list(rows[0])
+    cols = list(rows[0].to_row())
     sql = f"INSERT INTO nodes ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
     start = time.perf_counter()
-    for r in rows:
-        con.execute(sql, [json.dumps(r[c]) if c == "tool_call" else r[c] for c in cols])
+    for row in rows:
+        r = row.to_row()
+        con.execute(sql, [json.dumps(v) if isinstance(v, (dict, list)) else v
+                          for v in r.values()])
     insert = time.perf_counter() - start
     start = time.perf_counter()
     for r in rows:
         con.execute("UPDATE nodes SET visits = ?, value_sum = ? WHERE node_id = ?",
-                    [3, 1.5, r["node_id"]])
+                    [3, 1.5, r.node_id])
     update = time.perf_counter() - start
     con.close()
     return len(rows) / insert, len(rows) / update

@@ -90,16 +90,16 @@ def node_actions(store: Store, ctx: Context, tok, eos, lookup,
     """Every searched node: the step-DPO encoding of its action after its history."""
     tasks = {t.id: t for t in store.tasks("train")}
     trees = store.trees()
-    nodes = {r["node_id"]: r for r in store.tree_edges([t["tree_id"] for t in trees])}
-    task_of = {t["tree_id"]: t["task_id"] for t in trees}
+    nodes = {r.node_id: r for r in store.tree_edges([t.tree_id for t in trees])}
+    task_of = {t.tree_id: t.task_id for t in trees}
     for row in nodes.values():
-        if row["parent_id"] is None:
+        if row.parent_id is None:
             continue
-        if row["token_ids"] is None:
+        if row.token_ids is None:
             counts["nodes"]["env-listed (not generated)"] += 1
             continue
-        first, steps = path_steps(nodes, row["parent_id"])
-        prompt = messages(ctx.messages(tasks[task_of[row["tree_id"]]].instruction, first, steps))
+        first, steps = path_steps(nodes, row.parent_id)
+        prompt = messages(ctx.messages(tasks[task_of[row.tree_id]].instruction, first, steps))
         step = node_step(row)
         rendered = render_prompt(tok, prompt)
         for key, completion in (("nodes", Message("assistant", step.action,
@@ -118,8 +118,8 @@ def episode_actions(store: Store, ctx: Context, make_env, tok, eos, lookup,
     the whole episode after its prompt, one masked run per action."""
     tasks = {t.id: t for t in store.tasks("train")}
     for traj in store.trajectories():
-        task = tasks[traj["task_id"]]
-        steps = [step_from_dict(s) for s in traj["steps"]]
+        task = tasks[traj.task_id]
+        steps = [step_from_dict(s) for s in traj.steps]
         prompt, rest = episode_messages(ctx, task.instruction, make_env().reset(task), steps)
         prompt, rest = messages(prompt), messages(rest)
         full = prompt + rest

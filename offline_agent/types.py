@@ -97,3 +97,36 @@ def step_to_dict(step: Step) -> dict[str, Any]:
 def step_from_dict(d: dict[str, Any]) -> Step:
     call = d.get("tool_call")
     return Step(**{**d, "tool_call": ToolCall(**call) if call else None})
+
+
+@dataclass(frozen=True)
+class StepPairParams:
+    """What step-pair mining reads of `mine.*` (MineConfig; offline_agent.mining.pairs.
+    step_params), handed as one value to the SQL pass (storage/mining.py) and to the Python
+    oracle (offline_agent.mining.pairs), so both mine by the same settings."""
+
+    alpha: float  # eq. 10's weight of Q_mcts against the critic score
+    theta: float  # least Q difference between the chosen and the rejected sibling
+    min_visits: int  # visits a non-terminal child needs to count
+    invalid_rejected: bool  # invalid actions may be rejected (never chosen)
+    max_pairs_per_node: int
+    max_pairs_per_task: int
+    max_pairs: int  # 0: no cap
+    margin_bins: tuple[float, ...]  # inner edges of the margin bins
+    seed: int  # of the md5 order a cap keeps pairs in
+
+
+@dataclass(frozen=True)
+class StepPair:
+    """One mined step pair: two sibling children of an expanded node, the chosen one worth at
+    least theta more (what both the SQL pass and the oracle return)."""
+
+    task_id: str
+    env: str
+    node_id: int  # the expanded node (the state both actions start from)
+    chosen_id: int
+    rejected_id: int
+    chosen_q: float
+    rejected_q: float
+    margin: float
+    bin: int

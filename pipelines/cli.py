@@ -19,7 +19,7 @@ from pipelines.config import ConfigError, RunConfig, help_lines, make_env
 from pipelines.export import ExportError
 from pipelines.progress import ProgressError, read_progress
 from pipelines.runner import RunError
-from storage import Store, StoreError, StoreInUse
+from storage import Store, StoreError, StoreInUse, TreeRow, merge_shards
 
 
 class UsageError(Exception):
@@ -225,7 +225,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     args.out.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         with Store(target) as store:
-            added = store.merge_from(shards)
+            added = merge_shards(store, shards)
     except BaseException:  # leave nothing behind: no half-made store, no empty directory
         if made:
             shutil.rmtree(made[-1], ignore_errors=True)
@@ -281,7 +281,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
                          f"{args.out / tree_path(Path(), args.task, args.format).name}")
     with Store(args.run_dir / "store.duckdb", read_only=True) as store:
         r, tree = _task_tree(store, args.task, args.round)
-        nodes = store.load_tree(tree["tree_id"])
+        nodes = store.load_tree(tree.tree_id)
         instruction = next((t.instruction for t in store.tasks() if t.id == args.task), "")
     out = args.out or tree_path(args.run_dir, args.task, args.format, r)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -289,22 +289,22 @@ def cmd_tree(args: argparse.Namespace) -> int:
         write_graphml(nodes, out)
     else:
         in_round = f"round {r}, " if r > 1 else ""
-        title = (f"{args.task}: {instruction} ({in_round}{tree['simulations_done']} simulations, "
-                 f"best reward {tree['best_reward']})")
+        title = (f"{args.task}: {instruction} ({in_round}{tree.simulations_done} simulations, "
+                 f"best reward {tree.best_reward})")
         out.write_text(render_html(nodes, title))
     print(f"wrote {out} ({len(nodes)} nodes{f', round {r}' if r > 1 else ''})")
     return 0
 
 
-def _task_tree(store: Store, task: str, r: int | None) -> tuple[int, dict]:
+def _task_tree(store: Store, task: str, r: int | None) -> tuple[int, TreeRow]:
     """(round, tree row) of `task`'s tree in round r, or in the latest round holding one."""
     from pipelines.stages.rounds import round_name, stored_rounds
 
     rounds = stored_rounds(store.trees, "search")
     trees = {n: t for n in rounds for t in store.trees(round_name("search", n))
-             if t["task_id"] == task}
+             if t.task_id == task}
     if not trees:
-        known = ", ".join(list(dict.fromkeys(t["task_id"] for t in store.trees()))[:5])
+        known = ", ".join(list(dict.fromkeys(t.task_id for t in store.trees()))[:5])
         known = known or "none yet"
         raise StoreError(f"no search tree for task {task!r} (trees: {known}, ...)")
     if r is None:

@@ -71,30 +71,30 @@ def openai_messages(messages: list[dict]) -> list[dict]:
 
 def config_rows(store: Store, tools: str, include_hindsight_in_rft: bool,
                 mine: str) -> dict[str, list]:
-    """Every config's rows, from the pairs and examples stage `mine` stored (round 1's
-    `mine`, or round k's `mine@k` of run.iterations)."""
+    """Every config's rows (dicts by dataset column), from the pairs and examples stage `mine`
+    stored (round 1's `mine`, or round k's `mine@k` of run.iterations)."""
     run_id = store.run_id
     rows: dict[str, list] = {c: [] for c in CONFIGS}
     for p in store.pairs(stage=mine):
-        row = {"prompt": openai_messages(p["prompt"]), "chosen": openai_messages(p["chosen"]),
-               "rejected": openai_messages(p["rejected"]), "tools": tools, "run_id": run_id,
-               "task_id": p["task_id"], "env": p["env"], "kind": p["kind"],
-               "chosen_q": p["chosen_q"], "rejected_q": p["rejected_q"], "margin": p["margin"]}
-        if p["kind"] == "step":
-            rows["pairs"].append({**row, "node_id": p["node_id"], "chosen_node": p["chosen_ref"],
-                                  "rejected_node": p["rejected_ref"]})
+        row = {"prompt": openai_messages(p.prompt), "chosen": openai_messages(p.chosen),
+               "rejected": openai_messages(p.rejected), "tools": tools, "run_id": run_id,
+               "task_id": p.task_id, "env": p.env, "kind": p.kind,
+               "chosen_q": p.chosen_q, "rejected_q": p.rejected_q, "margin": p.margin}
+        if p.kind == "step":
+            rows["pairs"].append({**row, "node_id": p.node_id, "chosen_node": p.chosen_ref,
+                                  "rejected_node": p.rejected_ref})
         else:
-            rows["trajectory_pairs"].append({**row, "chosen_traj": p["chosen_ref"],
-                                             "rejected_traj": p["rejected_ref"]})
+            rows["trajectory_pairs"].append({**row, "chosen_traj": p.chosen_ref,
+                                             "rejected_traj": p.rejected_ref})
     for e in store.examples(stage=mine):
-        row = {"messages": openai_messages(e["messages"]), "tools": tools, "run_id": run_id,
-               "task_id": e["task_id"], "env": e["env"], "instruction": e["instruction"],
-               "source_traj": e["source_traj"]}
-        if e["kind"] == "rft" or include_hindsight_in_rft:
-            rows["rft"].append({**row, "kind": e["kind"], "reward": e["reward"]})
-        if e["kind"] == "hindsight":
-            rows["hindsight"].append({**row, "source_task_id": e["info"]["source_task_id"],
-                                      "source_reward": e["info"]["source_reward"]})
+        row = {"messages": openai_messages(e.messages), "tools": tools, "run_id": run_id,
+               "task_id": e.task_id, "env": e.env, "instruction": e.instruction,
+               "source_traj": e.source_traj}
+        if e.kind == "rft" or include_hindsight_in_rft:
+            rows["rft"].append({**row, "kind": e.kind, "reward": e.reward})
+        if e.kind == "hindsight":
+            rows["hindsight"].append({**row, "source_task_id": e.info["source_task_id"],
+                                      "source_reward": e.info["source_reward"]})
     return rows
 
 
@@ -133,7 +133,8 @@ arXiv 2408.07199): the policy `{model}` searched each training task of the
 `{config["env"]["name"]}` environment with Monte Carlo tree search (at every node it proposed
 actions, ranked them itself as a critic, and rollouts were scored by the environment's
 verifier). `pairs` holds step-level preferences between sibling actions whose values
-Q = alpha*Q_mcts + (1-alpha)*critic differ by at least theta; `trajectory_pairs` a
+Q = alpha*Q_mcts + (1-alpha)*critic (a finished episode's step: its reward) differ by at
+least theta; `trajectory_pairs` a
 successful vs a failed episode of one task (outcome DPO); `rft` successful episodes for
 rejection-sampling fine-tuning; `hindsight` failed episodes relabeled with the goal they
 reached, each verified by replaying its actions under the new goal.{_round_note(mine)}

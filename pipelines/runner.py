@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from offline_agent.extras import missing
-from pipelines.config import RunConfig, diff, make_env
+from pipelines.config import RunConfig, diff
 from pipelines.progress import Progress
 from storage import Store
 
@@ -98,7 +98,6 @@ def run(
         _check_config(cfg, stages, store, run_dir, force)
         if only:
             _check_inputs(stages, only, store)
-        _convert_pickles(cfg, store)
         tmp = run_dir / f".config.yaml.{os.getpid()}.tmp"
         tmp.write_text(cfg.to_yaml())
         os.replace(tmp, run_dir / "config.yaml")
@@ -212,18 +211,6 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
         shutil.rmtree(run_dir / "checkpoints" / stage.name, ignore_errors=True)
         gone = ", ".join(f"{n} {t}" for t, n in deleted.items() if n)
         print(f"stage {stage.name}: config changed, --force: cleared ({gone or 'nothing'})",
-              flush=True)
-
-
-def _convert_pickles(cfg: RunConfig, store: Store) -> None:
-    """A store made before schema v5 holds pickled env snapshots; this is the user's own run,
-    so they are read once here and re-stored as JSON data (merge never reads pickles)."""
-    from pipelines.legacy_snapshots import convert_pickled_snapshots
-
-    n = convert_pickled_snapshots(
-        store, lambda: make_env(cfg))
-    if n:
-        print(f"store: {n} pickled env snapshots (made before schema v5) re-stored as JSON data",
               flush=True)
 
 

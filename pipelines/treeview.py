@@ -1,9 +1,7 @@
 """Pictures of a search tree: GraphML for Gephi/yEd, and a self-contained HTML page.
 
-Input is the node rows of one tree as the store returns them (dicts with node_id,
-parent_id, depth, action, observation, visits, value_sum, critic_rank, critic_score,
-ending, reward, terminal, invalid). The HTML page needs no network: the layout is computed here
-and drawn as inline SVG; clicking a node shows its action and observation.
+Input is the node rows of one tree as the store returns them (storage.NodeRow). The HTML
+page needs no network: the layout is computed here and drawn as inline SVG; clicking a node shows its action and observation.
 """
 
 from __future__ import annotations
@@ -15,6 +13,8 @@ from pathlib import Path
 
 import networkx as nx
 
+from storage import NodeRow
+
 
 def tree_path(run_dir: Path, task_id: str, fmt: str, r: int = 1) -> Path:
     """RUN_DIR/trees/<task id>.<fmt> (<task id>@<r>.<fmt> for round r >= 2 of run.iterations),
@@ -24,30 +24,30 @@ def tree_path(run_dir: Path, task_id: str, fmt: str, r: int = 1) -> Path:
     return run_dir / "trees" / (f"{name}.{fmt}" if r == 1 else f"{name}@{r}.{fmt}")
 
 
-def to_graph(nodes: list[dict]) -> nx.DiGraph:
+def to_graph(nodes: list[NodeRow]) -> nx.DiGraph:
     g = nx.DiGraph()
     for n in nodes:
-        visits = int(n["visits"] or 0)
+        visits = int(n.visits or 0)
         attrs = {
-            "depth": int(n["depth"]),
-            "action": n["action"] or "",
-            "observation": n["observation"] or "",
+            "depth": int(n.depth),
+            "action": n.action or "",
+            "observation": n.observation or "",
             "visits": visits,
-            "q": float(n["value_sum"] or 0.0) / visits if visits else 0.0,
-            "critic_rank": -1 if n["critic_rank"] is None else int(n["critic_rank"]),
-            "critic_score": -1.0 if n["critic_score"] is None else float(n["critic_score"]),
-            "ending": -1.0 if n["ending"] is None else float(n["ending"]),
-            "reward": float(n["reward"] or 0.0),
-            "terminal": bool(n["terminal"]),
-            "invalid": bool(n["invalid"]),
+            "q": float(n.value_sum or 0.0) / visits if visits else 0.0,
+            "critic_rank": -1 if n.critic_rank is None else int(n.critic_rank),
+            "critic_score": -1.0 if n.critic_score is None else float(n.critic_score),
+            "ending": -1.0 if n.ending is None else float(n.ending),
+            "reward": float(n.reward or 0.0),
+            "terminal": bool(n.terminal),
+            "invalid": bool(n.invalid),
         }
-        g.add_node(str(n["node_id"]), **attrs)
-        if n["parent_id"] is not None:
-            g.add_edge(str(n["parent_id"]), str(n["node_id"]))
+        g.add_node(str(n.node_id), **attrs)
+        if n.parent_id is not None:
+            g.add_edge(str(n.parent_id), str(n.node_id))
     return g
 
 
-def write_graphml(nodes: list[dict], path: Path) -> None:
+def write_graphml(nodes: list[NodeRow], path: Path) -> None:
     nx.write_graphml(to_graph(nodes), path)
 
 
@@ -74,7 +74,7 @@ def layout(g: nx.DiGraph) -> dict[str, tuple[float, float]]:
     return pos
 
 
-def render_html(nodes: list[dict], title: str) -> str:
+def render_html(nodes: list[NodeRow], title: str) -> str:
     g = to_graph(nodes)
     pos = layout(g)
     dx, dy, pad = 46, 80, 30

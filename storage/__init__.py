@@ -1,4 +1,5 @@
-"""DuckDB storage: the schema (with migrations) and the Store, the only code that writes SQL."""
+"""DuckDB storage: the schema (with migrations), the row types, the Store, shard merge and the
+step-pair query; the only code that writes SQL."""
 
 from storage.ids import (
     GREEDY_SLOT,
@@ -11,8 +12,11 @@ from storage.ids import (
     rollout_traj_id,
     split_node_id,
 )
+from storage.merge import MergeConflict, merge_shards
+from storage.mining import select_step_pairs, step_pair_inputs
+from storage.rows import ExampleRow, NodeRow, NodeVisits, PairRow, TrajectoryRow, TreeRow
 from storage.schema import SCHEMA_VERSION
-from storage.store import MergeConflict, Store, StoreError, StoreInUse
+from storage.store import Store, StoreError, StoreInUse
 
 __all__ = [
     "GREEDY_SLOT",
@@ -21,12 +25,21 @@ __all__ = [
     "SCHEMA_VERSION",
     "TRAJS_PER_TREE",
     "TREES_PER_ROUND",
+    "ExampleRow",
     "MergeConflict",
+    "NodeRow",
+    "NodeVisits",
+    "PairRow",
     "Store",
     "StoreError",
     "StoreInUse",
+    "TrajectoryRow",
+    "TreeRow",
     "greedy_traj_id",
     "make_node_id",
+    "merge_shards",
     "rollout_traj_id",
+    "select_step_pairs",
     "split_node_id",
+    "step_pair_inputs",
 ]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import main
-from storage import Store, make_node_id
+from storage import NodeVisits, Store, make_node_id
 
 CONFIG = """\
 run: {{name: fake}}
@@ -142,8 +142,8 @@ def shard_run(tmp_path, config, i: int) -> Path:
 
 def tree_rows(run_dir: Path) -> tuple[dict, dict]:
     with Store(run_dir / "store.duckdb", read_only=True) as s:
-        nodes = {n["node_id"]: (n["action"], n["visits"], n["value_sum"])
-                 for t in s.trees() for n in s.load_tree(t["tree_id"])}
+        nodes = {n.node_id: (n.action, n.visits, n.value_sum)
+                 for t in s.trees() for n in s.load_tree(t.tree_id)}
         return s.counts(), nodes
 
 
@@ -172,7 +172,8 @@ def test_merge_of_shards_equals_unsharded_run(tmp_path, config, finished, capsys
     c = tmp_path / "c"
     shutil.copytree(b, c)
     with Store(c / "store.duckdb") as s:
-        s.update_nodes([{"node_id": make_node_id(1, 0), "visits": 99}])
+        (root,) = [n for n in s.load_tree(1) if n.node_id == make_node_id(1, 0)]
+        s.update_visits([NodeVisits(root.node_id, 99, root.value_sum)])
     assert main(["merge", str(tmp_path / "m2"), str(a), str(b), str(c)]) == 2
     err = capsys.readouterr().err
     assert "nodes row" in err and "Traceback" not in err
@@ -191,7 +192,7 @@ def test_tree_view_html_and_graphml(tmp_path, run_dir, capsys):
     import networkx as nx
 
     with Store(run_dir / "store.duckdb", read_only=True) as s:
-        task_id = s.trees()[0]["task_id"]
+        task_id = s.trees()[0].task_id
         n_nodes = len(s.load_tree(0))
     assert main(["tree", str(run_dir), "--task", task_id]) == 0
     page = (run_dir / "trees" / f"{task_id}.html").read_text()

@@ -17,7 +17,8 @@ import pytest
 from offline_agent.types import Task
 from pipelines.cli import main
 from pipelines.progress import Progress, ProgressError, read_progress
-from storage import Store, make_node_id
+from storage import Store, TreeRow
+from tests.rows import node_row
 
 CONFIG = "env: {name: tests.fakes:FakeEnv, train_tasks: 2, test_tasks: 1}\n"
 
@@ -40,10 +41,10 @@ def run_dir_with_tree(tmp_path: Path, task_id: str = "t-train-0") -> Path:
     run_dir.mkdir()
     with Store(run_dir / "store.duckdb") as s:
         s.insert_tasks([Task(task_id, "fake", "do it")], stage="tasks")
-        s.upsert_trees([{"tree_id": 0, "task_id": task_id, "status": "done",
-                         "simulations_done": 1, "best_reward": 1.0}], stage="search")
-        s.insert_nodes([{"node_id": make_node_id(0, 0), "tree_id": 0, "depth": 0,
-                         "observation": "start", "visits": 1, "snapshot": {"state": None}}])
+        s.upsert_trees([TreeRow(0, task_id, "done", simulations_done=1, best_reward=1.0)],
+                       stage="search")
+        s.insert_nodes([node_row(0, 0, observation="start", visits=1,
+                                 snapshot={"state": None})])
     return run_dir
 
 

@@ -42,7 +42,7 @@ def stages(iterations: int):
 def round_one_rows(store: Store) -> dict:
     """Everything round 1 stored."""
     trees = store.trees("search")
-    return {"trees": trees, "nodes": [n for t in trees for n in store.load_tree(t["tree_id"])],
+    return {"trees": trees, "nodes": [n for t in trees for n in store.load_tree(t.tree_id)],
             "rollouts": store.trajectories(stage="search"),
             "pairs": store.pairs(stage="mine"), "examples": store.examples(stage="mine"),
             "metrics": store.metrics("train"),
@@ -85,15 +85,15 @@ def test_round_two_runs_after_round_one_without_touching_it(two_rounds):
         trees = {k: store.trees(stage) for k, stage in ((1, "search"), (2, "search@2"))}
         pairs = {k: store.pairs(stage=stage) for k, stage in ((1, "mine"), (2, "mine@2"))}
         rollouts = store.trajectories(stage="search@2")
-    assert [t["task_id"] for t in trees[1]] == [t["task_id"] for t in trees[2]]
-    assert all(t["tree_id"] < TREES_PER_ROUND for t in trees[1])
-    assert all(TREES_PER_ROUND <= t["tree_id"] < 2 * TREES_PER_ROUND for t in trees[2])
-    assert all(t["status"] == "done" and t["simulations_done"] == 3 for t in trees[2])
-    assert rollouts and {r["tree_id"] for r in rollouts} <= {t["tree_id"] for t in trees[2]}
+    assert [t.task_id for t in trees[1]] == [t.task_id for t in trees[2]]
+    assert all(t.tree_id < TREES_PER_ROUND for t in trees[1])
+    assert all(TREES_PER_ROUND <= t.tree_id < 2 * TREES_PER_ROUND for t in trees[2])
+    assert all(t.status == "done" and t.simulations_done == 3 for t in trees[2])
+    assert rollouts and {r.tree_id for r in rollouts} <= {t.tree_id for t in trees[2]}
     assert pairs[1] and pairs[2]
     # round 2 mined its own trees only
-    assert {p["node_id"] // (1 << 24) for p in pairs[2]} <= {t["tree_id"] for t in trees[2]}
-    assert not {p["pair_id"] for p in pairs[1]} & {p["pair_id"] for p in pairs[2]}
+    assert {p.node_id // (1 << 24) for p in pairs[2]} <= {t.tree_id for t in trees[2]}
+    assert not {p.pair_id for p in pairs[1]} & {p.pair_id for p in pairs[2]}
 
 
 def test_round_two_searches_with_round_one_policy_merged(two_rounds, tiny_model_dir):
@@ -132,7 +132,7 @@ def test_round_two_reference_is_round_one_policy(two_rounds, tiny_model_dir, tok
     saved = torch.load(run_dir / "checkpoints" / "train@2" / "dpo_step" / REFERENCE,
                        weights_only=True)
     with Store(run_dir / "store.duckdb", read_only=True) as store:
-        pairs = {p["pair_id"]: p for p in store.pairs(stage="mine@2")}
+        pairs = {p.pair_id: p.to_row() for p in store.pairs(stage="mine@2")}
         adapter = run_dir / store.checkpoint("train", "", "dpo_step/final")["folder"]
     assert saved["keys"] and set(saved["keys"]) <= set(pairs)
     pair = pairs[saved["keys"][0]]

@@ -12,7 +12,8 @@ from offline_agent.envs.minishop.goals import Goal
 from pipelines.config import RunConfig
 from pipelines.runner import Stage, run
 from pipelines.stages import STAGES
-from storage import make_node_id
+from storage import TrajectoryRow, TreeRow
+from tests.rows import node_row
 
 TASKS = 2
 STAGE = {s.name: s for s in STAGES}
@@ -78,24 +79,22 @@ def scripted_search(ctx) -> dict:
         rows = []
         for local, (parent, action, visits, value, critic) in enumerate(spec):
             s = step.get(action)
-            rows.append({"node_id": make_node_id(t, local), "tree_id": t,
-                         "parent_id": None if parent is None else make_node_id(t, parent),
-                         "depth": 0 if parent is None else 1 + (parent > 0), "action": action,
-                         "token_ids": generated_ids(action) if parent is not None else None,
-                         "tool_call": s and s["tool_call"],
-                         "observation": s["observation"] if s else root_obs,
-                         "visits": visits, "value_sum": value, "critic_score": critic,
-                         "invalid": bool(s and s["invalid"]), "terminal": False})
-        store.upsert_trees([{"tree_id": t, "task_id": task.id, "status": "done"}], ctx.stage)
+            rows.append(node_row(
+                t, local, parent, depth=0 if parent is None else 1 + (parent > 0),
+                action=action, token_ids=generated_ids(action) if parent is not None else None,
+                tool_call=s and s["tool_call"], observation=s["observation"] if s else root_obs,
+                visits=visits, value_sum=value, critic_score=critic,
+                invalid=bool(s and s["invalid"]), terminal=False))
+        store.upsert_trees([TreeRow(t, task.id, "done")], ctx.stage)
         store.insert_nodes(rows)
         episodes = [good, wrong, ["search[nothing]"] * cfg.env.kwargs["max_steps"]]
         trajs = []
         for sim, actions in enumerate(episodes):
             steps = play(make_env, task, actions)
             reward = steps[-1]["reward"] if steps[-1]["done"] else 0.0
-            trajs.append({"traj_id": t * 100 + sim, "task_id": task.id, "tree_id": t,
-                          "source": "mcts_rollout", "simulation": sim, "steps": steps,
-                          "reward": reward, "success": reward >= 1.0})
+            trajs.append(TrajectoryRow(traj_id=t * 100 + sim, task_id=task.id, tree_id=t,
+                                       source="mcts_rollout", simulation=sim, steps=steps,
+                                       reward=reward, success=reward >= 1.0))
         store.insert_trajectories(trajs, ctx.stage)
     with store.transaction():
         ctx.mark_done({})
@@ -131,34 +130,34 @@ def test_mine_stage_pairs_examples_and_stats(mined_run):
         examples = store.examples()
     env = load_env("minishop", max_steps=10)
     for p in steps:
-        prompt = p["prompt"]
+        prompt = p.prompt
         assert prompt[0] == {"role": "system", "content": env.system_prompt()}
         assert prompt[-1]["role"] in ("user", "tool")
-        assert tasks[p["task_id"]].instruction in prompt[1 + len(env.demonstration())]["content"]
-        assert [m["role"] for m in p["chosen"]] == ["assistant"] == [m["role"] for m in
-                                                                    p["rejected"]]
-        assert p["chosen"] != p["rejected"] and p["margin"] >= cfg.mine.theta
-    deeper = [p for p in steps if p["prompt"][-1]["role"] == "tool"]
+        assert tasks[p.task_id].instruction in prompt[1 + len(env.demonstration())]["content"]
+        assert [m["role"] for m in p.chosen] == ["assistant"] == [m["role"] for m in
+                                                                 p.rejected]
+        assert p.chosen != p.rejected and p.margin >= cfg.mine.theta
+    deeper = [p for p in steps if p.prompt[-1]["role"] == "tool"]
     assert len(deeper) == TASKS  # the pair after the good search: its action is in the prompt
-    assert all(p["prompt"][-2]["content"].startswith("search[") for p in deeper)
-    assert all(p["chosen"][0]["tool_calls"][0]["function"]["name"] == "search" or
-               p["chosen"][0]["tool_calls"][0]["function"]["name"] == "click" for p in steps)
+    assert all(p.prompt[-2]["content"].startswith("search[") for p in deeper)
+    assert all(p.chosen[0]["tool_calls"][0]["function"]["name"] == "search" or
+               p.chosen[0]["tool_calls"][0]["function"]["name"] == "click" for p in steps)
     for p in trajs:
-        assert p["chosen"][-1]["role"] == "tool" and p["chosen_q"] == 1.0
-        assert {m["role"] for m in p["chosen"]} == {"assistant", "tool"}
-        assert p["rejected_q"] < 1.0
+        assert p.chosen[-1]["role"] == "tool" and p.chosen_q == 1.0
+        assert {m["role"] for m in p.chosen} == {"assistant", "tool"}
+        assert p.rejected_q < 1.0
     for e in examples:  # the prompt (system, demonstration, task) is never trained on
-        first = e["info"]["prompt_messages"]
+        first = e.info["prompt_messages"]
         assert first == 2 + len(env.demonstration())
-        assert e["messages"][first - 1]["role"] == "user"
-        assert e["messages"][first]["role"] == "assistant"
-    hindsight = [e for e in examples if e["kind"] == "hindsight"]
-    assert all(e["task_id"] != e["info"]["source_task_id"] for e in hindsight)
-    assert all(e["messages"][-2]["content"] == "buy" for e in hindsight)
+        assert e.messages[first - 1]["role"] == "user"
+        assert e.messages[first]["role"] == "assistant"
+    hindsight = [e for e in examples if e.kind == "hindsight"]
+    assert all(e.task_id != e.info["source_task_id"] for e in hindsight)
+    assert all(e.messages[-2]["content"] == "buy" for e in hindsight)
     # every action the training data holds keeps the ids generated for it, none for listed ones
     demo = 2 + len(env.demonstration())
-    turns = [m for p in steps + trajs for m in p["chosen"] + p["rejected"]]
-    turns += [m for e in examples for m in e["messages"][demo:]]
+    turns = [m for p in steps + trajs for m in p.chosen + p.rejected]
+    turns += [m for e in examples for m in e.messages[demo:]]
     turns = [m for m in turns if m["role"] == "assistant"]
     assert {m["content"][:6] for m in turns} == {"search", "click[", "buy", "I woul"}
     for m in turns:

@@ -16,7 +16,8 @@ from offline_agent.types import Task
 from pipelines.cli import main
 from pipelines.report_table import comparison_table
 from pipelines.stages.report import build_report, write_report
-from storage import Store
+from storage import ExampleRow, NodeRow, PairRow, Store, make_node_id
+from tests.rows import node_row
 
 N = 40  # test tasks
 
@@ -45,11 +46,11 @@ def fill(store: Store, training: bool = True) -> None:
     store.insert_eval_episodes(episodes("base", set(range(0, N, 4)), invalid_every=5), "eval")
     if not training:
         return
-    store.insert_pairs([{"pair_id": i, "task_id": "t000", "kind": k, "prompt": [], "chosen": [],
-                         "rejected": []} for i, k in enumerate(["step"] * 3 + ["trajectory"])],
+    store.insert_pairs([PairRow(pair_id=i, task_id="t000", kind=k, prompt=[], chosen=[],
+                                rejected=[]) for i, k in enumerate(["step"] * 3 + ["trajectory"])],
                        "mine")
-    store.insert_examples([{"example_id": 0, "task_id": "t000", "env": "minishop",
-                            "kind": "rft", "instruction": "buy", "messages": []}], "mine")
+    store.insert_examples([ExampleRow(example_id=0, task_id="t000", env="minishop",
+                                      kind="rft", instruction="buy", messages=[])], "mine")
     for policy in ("dpo_step", "rft"):  # training order: dpo_step finished first
         store.set_checkpoint("train", "", f"{policy}/final", {"folder": f"x/{policy}", "step": 5})
         store._insert("metrics", [{"series": policy, "step": s,
@@ -192,14 +193,14 @@ def test_report_page_in_a_browser(run_dir, tmp_path):
     assert pixels[:, :, :3].std() > 0.05  # text, tables and charts, not an empty page
 
 
-def tree_nodes() -> list[dict]:
-    """A root with two children (one a success, one invalid) and a grandchild."""
+def tree_nodes() -> list[NodeRow]:
+    """A root with two children (one a success, one invalid) and a grandchild; each node's
+    action and observation name its stored id."""
     def node(i, parent, visits, value, **kw):
-        return {"node_id": i, "parent_id": parent, "depth": 0 if parent is None else 1,
-                "action": f"click[item {i}]", "observation": f"page <{i}>", "visits": visits,
-                "value_sum": value, "critic_rank": None, "critic_score": 0.5, "ending": None,
-                "reward": kw.get("reward", 0.0), "terminal": kw.get("terminal", False),
-                "invalid": kw.get("invalid", False)}
+        nid = make_node_id(7, i)
+        return node_row(7, i, parent, depth=0 if parent is None else 1 + (i == 3),
+                        action=f"click[item {nid}]", observation=f"page <{nid}>",
+                        visits=visits, value_sum=value, critic_score=0.5, **kw)
     return [node(0, None, 3, 1.5), node(1, 0, 2, 1.5, reward=1.0, terminal=True),
             node(2, 0, 1, 0.0, invalid=True), node(3, 1, 0, 0.0)]
 

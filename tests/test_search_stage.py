@@ -49,14 +49,13 @@ def launch(config: Path, run_dir: Path, kill_after_commits: int) -> subprocess.P
 
 def snapshot(run_dir: Path) -> dict:
     with Store(run_dir / "store.duckdb", read_only=True) as s:
-        trees = {t["tree_id"]: t["simulations_done"] for t in s.trees()}
+        trees = {t.tree_id: t.simulations_done for t in s.trees()}
         nodes = {}
         for tid in trees:
             for n in s.load_tree(tid):
-                nodes[n["node_id"]] = (n["parent_id"], n["action"], n["observation"],
-                                       n["critic_rank"], n["terminal"], n["snapshot"],
-                                       n["visits"], n["value_sum"], n["token_ids"])
-        trajs = {t["traj_id"]: (t["steps"], t["reward"]) for t in s.trajectories("mcts_rollout")}
+                nodes[n.node_id] = (n.parent_id, n.action, n.observation, n.critic_rank,
+                                    n.terminal, n.snapshot, n.visits, n.value_sum, n.token_ids)
+        trajs = {t.traj_id: (t.steps, t.reward) for t in s.trajectories("mcts_rollout")}
         stage = s.stage("search", "0/1")
     return {"trees": trees, "nodes": nodes, "trajs": trajs, "stage": stage}
 
@@ -74,16 +73,16 @@ def test_search_stage_stores_trees_and_reruns_as_noop(tmp_path, tiny_model_dir):
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
         for tid in range(3):
             rows = s.load_tree(tid)
-            assert rows[0]["parent_id"] is None and rows[0]["visits"] == 3
-            kids = [r for r in rows if r["parent_id"] == rows[0]["node_id"]]
-            assert 1 <= len(kids) <= 3 and sum(k["visits"] for k in kids) == 3
-            assert all(r["snapshot"] and r["pickled_snapshot"] is None for r in rows)
+            assert rows[0].parent_id is None and rows[0].visits == 3
+            kids = [r for r in rows if r.parent_id == rows[0].node_id]
+            assert 1 <= len(kids) <= 3 and sum(k.visits for k in kids) == 3
+            assert all(r.snapshot for r in rows)
         greedy = s.trajectories("greedy")
         assert len(greedy) == 3
         # sampled actions keep the ids the policy generated: they decode to the stored text
-        actions = [(r["action"], r["token_ids"]) for tid in range(3) for r in s.load_tree(tid)]
+        actions = [(r.action, r.token_ids) for tid in range(3) for r in s.load_tree(tid)]
         actions += [(st["action"], st["token_ids"]) for t in s.trajectories()
-                    for st in t["steps"]]
+                    for st in t.steps]
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     generated = [(a, ids) for a, ids in actions if ids is not None]
     assert len(generated) > len(actions) / 2

@@ -14,7 +14,7 @@ import pytest
 from pipelines.config import RunConfig
 from pipelines.runner import run
 from pipelines.stages import STAGES
-from storage import Store
+from storage import ExampleRow, PairRow, Store
 from tests.test_training import step_pair, trajectory_pair
 
 TRAIN = [s for s in STAGES if s.name == "train"]
@@ -28,19 +28,19 @@ def config(model_dir: str, **train) -> dict:
 def make_run(run_dir: Path, n_step: int = 4, trajectory: bool = False, rft: bool = False) -> None:
     """A run directory whose store holds mined data, written as mining writes it."""
     run_dir.mkdir(parents=True)
-    rows = [{**step_pair(i), "task_id": f"t{i}", "env": "minishop", "kind": "step",
-             "chosen_q": 0.8, "rejected_q": 0.1, "margin": 0.7} for i in range(n_step)]
+    rows = [PairRow(**step_pair(i), task_id=f"t{i}", env="minishop", kind="step",
+                    chosen_q=0.8, rejected_q=0.1, margin=0.7) for i in range(n_step)]
     if trajectory:
-        rows.append({**trajectory_pair(), "task_id": "t9", "env": "minishop",
-                     "kind": "trajectory"})
+        rows.append(PairRow(**trajectory_pair(), task_id="t9", env="minishop",
+                            kind="trajectory"))
     with Store(run_dir / "store.duckdb") as store:
         store.insert_pairs(rows, "mine")
         if rft:
             pair = trajectory_pair()
-            store.insert_examples([{
-                "example_id": 1, "task_id": "t9", "env": "minishop", "kind": "rft",
-                "instruction": "i need a blue power bank under 50 dollars",
-                "messages": pair["prompt"] + pair["chosen"], "reward": 1.0}], stage="mine")
+            store.insert_examples([ExampleRow(
+                example_id=1, task_id="t9", env="minishop", kind="rft",
+                instruction="i need a blue power bank under 50 dollars",
+                messages=pair["prompt"] + pair["chosen"], reward=1.0)], stage="mine")
 
 
 def losses(run_dir: Path, policy: str) -> dict[int, float]:

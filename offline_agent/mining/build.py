@@ -8,7 +8,9 @@ generated (`token_ids` on assistant turns), which training uses; exports drop th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from offline_agent.chat import history_messages, to_chat_dicts
 from offline_agent.types import Message, Step, ToolCall
@@ -30,26 +32,40 @@ class Context:
         return 2 + len(self.demo)
 
 
-def node_step(row: dict) -> Step:
-    call = row["tool_call"]
-    return Step(action=row["action"] or "", observation=row["observation"] or "",
-                tool_call=ToolCall(**call) if call else None, reward=row["reward"] or 0.0,
-                done=row["terminal"], invalid=row["invalid"], info=row["info"] or {},
-                token_ids=row["token_ids"])
+class StoredNode(Protocol):
+    """A stored node as conversations read it (a storage NodeRow)."""
+
+    parent_id: int | None
+    action: str | None
+    tool_call: dict | None
+    observation: str | None
+    reward: float | None
+    terminal: bool
+    invalid: bool
+    info: dict | None
+    token_ids: list[int] | None
 
 
-def path_steps(nodes: dict[int, dict], node_id: int) -> tuple[str, list[Step]]:
+def node_step(row: StoredNode) -> Step:
+    call = row.tool_call
+    return Step(action=row.action or "", observation=row.observation or "",
+                tool_call=ToolCall(**call) if call else None, reward=row.reward or 0.0,
+                done=row.terminal, invalid=row.invalid, info=row.info or {},
+                token_ids=row.token_ids)
+
+
+def path_steps(nodes: Mapping[int, StoredNode], node_id: int) -> tuple[str, list[Step]]:
     """(root observation, the steps from the root down to `node_id`) of a stored tree."""
     path = []
     row = nodes[node_id]
-    while row["parent_id"] is not None:
+    while row.parent_id is not None:
         path.append(node_step(row))
-        row = nodes[row["parent_id"]]
-    return row["observation"] or "", path[::-1]
+        row = nodes[row.parent_id]
+    return row.observation or "", path[::-1]
 
 
-def step_pair_messages(ctx: Context, instruction: str, nodes: dict[int, dict], node_id: int,
-                       chosen_id: int, rejected_id: int) -> tuple[list, list, list]:
+def step_pair_messages(ctx: Context, instruction: str, nodes: Mapping[int, StoredNode],
+                       node_id: int, chosen_id: int, rejected_id: int) -> tuple[list, list, list]:
     """(prompt, [chosen assistant turn], [rejected assistant turn]) of a step pair."""
     first, steps = path_steps(nodes, node_id)
     prompt = ctx.messages(instruction, first, steps)

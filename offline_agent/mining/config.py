@@ -10,7 +10,7 @@ from offline_agent.config_fields import config_field as _f
 @dataclass
 class MineConfig:
     alpha: float = _f(0.5, "MCTS weight in a child's value Q = alpha*Q_mcts + (1-alpha)*critic "
-                           "score (Agent Q eq. 10)")
+                           "score (Agent Q eq. 10); a terminal child is worth its reward")
     theta: float = _f(0.1, "least Q difference between the chosen and the rejected sibling")
     min_visits: int = _f(1, "visits a non-terminal child needs to count; 0 also counts unvisited "
                             "children (their Q_mcts is their ending, else 0)")

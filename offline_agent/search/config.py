@@ -25,7 +25,7 @@ class SearchConfig:
                                    "tree always holds the step greedy decoding would take")
     rollout_temperature: float = _f(0.7, "sampling temperature for rollouts to a terminal state")
     alpha: float = _f(0.5, "MCTS weight in the value alpha*Q_mcts + (1-alpha)*Q_critic "
-                           "(Agent Q eq. 10) that selection and mining use")
+                           "(Agent Q eq. 10) that selection uses; mining has mine.alpha")
     finish: bool = _f(True, "try the listed actions that end the episode on snapshots, without "
                             "model calls (docs/architecture.md); off where ending is costly")
     step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")

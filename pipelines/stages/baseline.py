@@ -11,7 +11,7 @@ from offline_agent.evaluation import Episode, rates
 from offline_agent.types import Task, Trajectory, step_from_dict, step_to_dict
 from pipelines.config import make_env
 from pipelines.runner import StageContext
-from storage import greedy_traj_id
+from storage import TrajectoryRow, greedy_traj_id
 
 
 def run_baseline(ctx: StageContext) -> dict:
@@ -30,20 +30,20 @@ def run_baseline(ctx: StageContext) -> dict:
 
         def on_done(t: Trajectory) -> None:
             nonlocal done
-            store.insert_trajectories([{
-                "traj_id": greedy_traj_id(index[t.task_id]),
-                "task_id": t.task_id, "source": "greedy",
-                "steps": [step_to_dict(s) for s in t.steps], "reward": t.reward,
-                "success": t.success, "achieved": t.achieved,
-            }], ctx.stage)
+            store.insert_trajectories([TrajectoryRow(
+                traj_id=greedy_traj_id(index[t.task_id]),
+                task_id=t.task_id, source="greedy",
+                steps=[step_to_dict(s) for s in t.steps], reward=t.reward,
+                success=t.success, achieved=t.achieved,
+            )], ctx.stage)
             done += 1
             ctx.progress.update(episodes_done=done, episodes=len(tasks))
 
         run_episodes(policy, lambda: make_env(cfg), todo, temperature=0.0, seed=cfg.run.seed,
                      batch_size=cfg.model.max_batch, on_done=on_done)
     wanted = {t.id: t for t in tasks}
-    stored = [stored_trajectory(r, wanted[r["task_id"]]) for r in store.trajectories("greedy")
-              if r["task_id"] in wanted]
+    stored = [stored_trajectory(r, wanted[r.task_id]) for r in store.trajectories("greedy")
+              if r.task_id in wanted]
     episodes = [Episode.from_trajectory(t) for t in stored]
     stats = {f"greedy_{k}": v for k, v in rates(episodes).items()}
     with store.transaction():
@@ -51,9 +51,9 @@ def run_baseline(ctx: StageContext) -> dict:
     return stats
 
 
-def stored_trajectory(row: dict, task: Task) -> Trajectory:
+def stored_trajectory(row: TrajectoryRow, task: Task) -> Trajectory:
     """A stored episode as a Trajectory, for `rates` (which reads steps and reward; the
     first observation is not stored)."""
     return Trajectory(task_id=task.id, env=task.env, instruction=task.instruction,
-                      first_observation="", steps=[step_from_dict(s) for s in row["steps"]],
-                      reward=row["reward"], achieved=row["achieved"])
+                      first_observation="", steps=[step_from_dict(s) for s in row.steps],
+                      reward=row.reward, achieved=row.achieved)

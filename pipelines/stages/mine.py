@@ -1,6 +1,6 @@
 """Stage `mine`: the stored trees and episodes -> preference pairs and SFT examples.
 
-Step pairs are mined and balanced in one SQL pass over every node (Store.step_pairs); their
+Step pairs are mined and balanced in one SQL pass over every node (storage/mining.py); their
 conversations are rebuilt from the stored trees. Outcome pairs, RFT examples and hindsight
 relabels come from the stored episodes (search rollouts and greedy baseline) of the train
 tasks. Everything lands in one transaction with the stage's done mark; `--force` after a
@@ -20,12 +20,19 @@ from dataclasses import replace
 from offline_agent.mining.build import Context, episode_messages, step_pair_messages
 from offline_agent.mining.config import MineConfig
 from offline_agent.mining.hindsight import Relabel, relabel
-from offline_agent.mining.pairs import distinct_episodes, outcome_pairs
+from offline_agent.mining.pairs import distinct_episodes, outcome_pairs, step_params
 from offline_agent.types import SUCCESS, Task, step_from_dict
 from pipelines.config import make_env
 from pipelines.runner import StageContext
 from pipelines.stages.rounds import round_name
-from storage import IDS_PER_ROUND, Store
+from storage import (
+    IDS_PER_ROUND,
+    ExampleRow,
+    PairRow,
+    Store,
+    TrajectoryRow,
+    select_step_pairs,
+)
 
 
 def sources(r: int) -> list[tuple[str, str]]:
@@ -47,21 +54,18 @@ def run_mine(ctx: StageContext) -> dict:
     context = Context(env.system_prompt(), env.demonstration())
     firsts = {tid: make_env(cfg).reset(task) for tid, task in tasks.items()}
     trajs = [t for src, stage in sources(ctx.round)
-             for t in store.trajectories(src, stage) if t["task_id"] in tasks]
+             for t in store.trajectories(src, stage) if t.task_id in tasks]
 
-    steps, stats = mine_step_pairs(store, cfg.mine, context, tasks, search)
+    first = (ctx.round - 1) * IDS_PER_ROUND  # the round's first pair / example id
+    steps, stats = mine_step_pairs(store, cfg.mine, context, tasks, search, first)
     ctx.progress.update(step_pairs=len(steps))
-    outcome = mine_outcome_pairs(trajs, cfg.mine, context, tasks, firsts)
+    outcome = mine_outcome_pairs(trajs, cfg.mine, context, tasks, firsts, first + len(steps))
     relabels, hindsight_stats = mine_hindsight(trajs, cfg.mine, lambda: make_env(cfg), tasks)
-    examples = rft_examples(trajs, context, tasks, firsts)
-    examples += [hindsight_example(src, r, context) for src, r in relabels]
+    rft = rft_examples(trajs, context, tasks, firsts, first)
+    examples = rft + [hindsight_example(src, r, context, first + len(rft) + i)
+                      for i, (src, r) in enumerate(relabels)]
     pairs = steps + outcome
-    first = (ctx.round - 1) * IDS_PER_ROUND
-    for i, row in enumerate(pairs):
-        row["pair_id"] = first + i
-    for i, row in enumerate(examples):
-        row["example_id"] = first + i
-    stats.update(trajectory_pairs=len(outcome), rft_examples=sum(e["kind"] == "rft"
+    stats.update(trajectory_pairs=len(outcome), rft_examples=sum(e.kind == "rft"
                                                                   for e in examples),
                  hindsight_examples=len(relabels), **hindsight_stats)
     with store.transaction():
@@ -72,31 +76,27 @@ def run_mine(ctx: StageContext) -> dict:
 
 
 def mine_step_pairs(store: Store, cfg: MineConfig, context: Context, tasks: dict[str, Task],
-                    search: str) -> tuple[list[dict], dict]:
-    """Step pairs of the trees stage `search` grew."""
-    kept, counts = store.step_pairs(cfg.alpha, cfg.theta, cfg.min_visits, cfg.invalid_rejected,
-                                    cfg.max_pairs_per_node, cfg.max_pairs_per_task,
-                                    cfg.max_pairs, cfg.margin_bins, cfg.seed, stage=search)
-    trees = {t["task_id"]: t["tree_id"] for t in store.trees(search)}
-    nodes = {r["node_id"]: r for r in store.tree_edges(sorted({trees[p["task_id"]]
-                                                                for p in kept}))}
-    rows, seen = [], set()
+                    search: str, first_id: int) -> tuple[list[PairRow], dict]:
+    """Step pairs of the trees stage `search` grew, ids from `first_id` on."""
+    kept, counts = select_step_pairs(store, step_params(cfg), stage=search)
+    trees = {t.task_id: t.tree_id for t in store.trees(search)}
+    nodes = {r.node_id: r for r in store.tree_edges(sorted({trees[p.task_id] for p in kept}))}
+    rows: list[PairRow] = []
+    seen = set()
     for p in kept:
         prompt, chosen, rejected = step_pair_messages(
-            context, tasks[p["task_id"]].instruction, nodes, p["node_id"], p["chosen_id"],
-            p["rejected_id"])
+            context, tasks[p.task_id].instruction, nodes, p.node_id, p.chosen_id, p.rejected_id)
         key = json.dumps([prompt, chosen, rejected], sort_keys=True)
         if key in seen:
             continue
         seen.add(key)
-        rows.append({"task_id": p["task_id"], "env": p["env"], "kind": "step",
-                     "node_id": p["node_id"], "prompt": prompt, "chosen": chosen,
-                     "rejected": rejected, "chosen_q": p["chosen_q"],
-                     "rejected_q": p["rejected_q"], "margin": p["margin"],
-                     "chosen_ref": p["chosen_id"], "rejected_ref": p["rejected_id"],
-                     "info": {"margin_bin": p["bin"]}})
-    per_task = Counter(r["task_id"] for r in rows)
-    bins = Counter(r["info"]["margin_bin"] for r in rows)
+        rows.append(PairRow(pair_id=first_id + len(rows), task_id=p.task_id, env=p.env,
+                            kind="step", node_id=p.node_id, prompt=prompt, chosen=chosen,
+                            rejected=rejected, chosen_q=p.chosen_q, rejected_q=p.rejected_q,
+                            margin=p.margin, chosen_ref=p.chosen_id, rejected_ref=p.rejected_id,
+                            info={"margin_bin": p.bin}))
+    per_task = Counter(r.task_id for r in rows)
+    bins = Counter(r.info["margin_bin"] for r in rows)
     edges = [cfg.theta, *cfg.margin_bins]
     stats = {
         "step_pairs": len(rows),
@@ -119,37 +119,39 @@ def _bin_label(edges: list[float], b: int) -> str:
     return f"[{edges[b]:g}, {hi:g})" if hi is not None else f">= {edges[b]:g}"
 
 
-def mine_outcome_pairs(trajs: list[dict], cfg: MineConfig, context: Context,
-                       tasks: dict[str, Task], firsts: dict[str, str]) -> list[dict]:
-    """The paper's outcome-DPO data: a success vs a failure of the same task, whole episodes."""
+def mine_outcome_pairs(trajs: list[TrajectoryRow], cfg: MineConfig, context: Context,
+                       tasks: dict[str, Task], firsts: dict[str, str],
+                       first_id: int) -> list[PairRow]:
+    """The paper's outcome-DPO data: a success vs a failure of the same task, whole episodes;
+    ids from `first_id` on."""
     rows = []
     for win, loss in outcome_pairs(trajs, cfg.trajectory_pairs_per_task, cfg.seed):
-        task = tasks[win["task_id"]]
+        task = tasks[win.task_id]
         prompt, chosen = episode_messages(context, task.instruction, firsts[task.id],
-                                          [step_from_dict(s) for s in win["steps"]])
+                                          [step_from_dict(s) for s in win.steps])
         _, rejected = episode_messages(context, task.instruction, firsts[task.id],
-                                       [step_from_dict(s) for s in loss["steps"]])
-        rows.append({"task_id": task.id, "env": task.env, "kind": "trajectory",
-                     "prompt": prompt, "chosen": chosen, "rejected": rejected,
-                     "chosen_q": win["reward"], "rejected_q": loss["reward"],
-                     "margin": win["reward"] - loss["reward"], "chosen_ref": win["traj_id"],
-                     "rejected_ref": loss["traj_id"],
-                     "info": {"chosen_source": win["source"], "rejected_source": loss["source"],
-                              "rejected_truncated": bool(loss["steps"]) and bool(
-                                  loss["steps"][-1]["info"].get("truncated"))}})
+                                       [step_from_dict(s) for s in loss.steps])
+        rows.append(PairRow(
+            pair_id=first_id + len(rows), task_id=task.id, env=task.env, kind="trajectory",
+            prompt=prompt, chosen=chosen, rejected=rejected, chosen_q=win.reward,
+            rejected_q=loss.reward, margin=win.reward - loss.reward, chosen_ref=win.traj_id,
+            rejected_ref=loss.traj_id,
+            info={"chosen_source": win.source, "rejected_source": loss.source,
+                  "rejected_truncated": bool(loss.steps) and bool(
+                      loss.steps[-1]["info"].get("truncated"))}))
     return rows
 
 
-def mine_hindsight(trajs: list[dict], cfg: MineConfig, new_env,
-                   tasks: dict[str, Task]) -> tuple[list[tuple[dict, Relabel]], dict]:
+def mine_hindsight(trajs: list[TrajectoryRow], cfg: MineConfig, new_env, tasks: dict[str, Task]
+                   ) -> tuple[list[tuple[TrajectoryRow, Relabel]], dict]:
     """Verified relabels of the distinct failed episodes, one per (relabeled task, actions)."""
     if not cfg.hindsight:
         return [], {}
     outcomes: Counter = Counter()
     kept, seen = [], set()
-    for traj in distinct_episodes([t for t in trajs if t["reward"] < SUCCESS]):
-        actions = [s["action"] for s in traj["steps"]]
-        result = relabel(new_env, tasks[traj["task_id"]], actions)
+    for traj in distinct_episodes([t for t in trajs if t.reward < SUCCESS]):
+        actions = [s["action"] for s in traj.steps]
+        result = relabel(new_env, tasks[traj.task_id], actions)
         if isinstance(result, str):
             outcomes[result] += 1
             continue
@@ -164,29 +166,31 @@ def mine_hindsight(trajs: list[dict], cfg: MineConfig, new_env,
     return kept, {"relabels_tried": tried, "relabels": dict(sorted(outcomes.items()))}
 
 
-def rft_examples(trajs: list[dict], context: Context, tasks: dict[str, Task],
-                 firsts: dict[str, str]) -> list[dict]:
-    """Successful episodes, one per distinct action sequence of a task."""
+def rft_examples(trajs: list[TrajectoryRow], context: Context, tasks: dict[str, Task],
+                 firsts: dict[str, str], first_id: int) -> list[ExampleRow]:
+    """Successful episodes, one per distinct action sequence of a task; ids from `first_id`."""
     rows = []
-    for traj in distinct_episodes([t for t in trajs if t["reward"] >= SUCCESS]):
-        task = tasks[traj["task_id"]]
+    for traj in distinct_episodes([t for t in trajs if t.reward >= SUCCESS]):
+        task = tasks[traj.task_id]
         prompt, rest = episode_messages(context, task.instruction, firsts[task.id],
-                                        [step_from_dict(s) for s in traj["steps"]])
-        rows.append({"task_id": task.id, "env": task.env, "kind": "rft",
-                     "instruction": task.instruction, "messages": prompt + rest,
-                     "source_traj": traj["traj_id"], "reward": traj["reward"],
-                     "info": {"source": traj["source"], "prompt_messages": len(prompt)}})
+                                        [step_from_dict(s) for s in traj.steps])
+        rows.append(ExampleRow(
+            example_id=first_id + len(rows), task_id=task.id, env=task.env, kind="rft",
+            instruction=task.instruction, messages=prompt + rest, source_traj=traj.traj_id,
+            reward=traj.reward, info={"source": traj.source, "prompt_messages": len(prompt)}))
     return rows
 
 
-def hindsight_example(source: dict, r: Relabel, context: Context) -> dict:
+def hindsight_example(source: TrajectoryRow, r: Relabel, context: Context,
+                      example_id: int) -> ExampleRow:
     """The relabeled episode; its actions keep the ids the policy generated for them."""
     steps = [replace(s, token_ids=step_from_dict(src).token_ids)
-             for s, src in zip(r.steps, source["steps"])]
+             for s, src in zip(r.steps, source.steps)]
     prompt, rest = episode_messages(context, r.task.instruction, r.first_observation, steps)
-    return {"task_id": r.task.id, "env": r.task.env, "kind": "hindsight",
-            "instruction": r.task.instruction, "messages": prompt + rest,
-            "source_traj": source["traj_id"], "reward": r.reward,
-            "info": {"prompt_messages": len(prompt),
-                     "source_task_id": source["task_id"], "source_reward": source["reward"],
-                     "source": source["source"], "task": r.task.to_dict()}}
+    return ExampleRow(
+        example_id=example_id, task_id=r.task.id, env=r.task.env, kind="hindsight",
+        instruction=r.task.instruction, messages=prompt + rest, source_traj=source.traj_id,
+        reward=r.reward,
+        info={"prompt_messages": len(prompt), "source_task_id": source.task_id,
+              "source_reward": source.reward, "source": source.source,
+              "task": r.task.to_dict()})

@@ -16,7 +16,17 @@ from offline_agent.types import Task, ToolCall, step_to_dict
 from pipelines.config import make_env
 from pipelines.runner import StageContext
 from pipelines.stages.rounds import make_iterate, round_model
-from storage import TREES_PER_ROUND, Store, make_node_id, rollout_traj_id, split_node_id
+from storage import (
+    TREES_PER_ROUND,
+    NodeRow,
+    NodeVisits,
+    Store,
+    TrajectoryRow,
+    TreeRow,
+    make_node_id,
+    rollout_traj_id,
+    split_node_id,
+)
 
 
 def after_commit(commits: int) -> None:
@@ -25,49 +35,49 @@ def after_commit(commits: int) -> None:
     instead of racing a clock."""
 
 
-def node_row(tree_id: int, node: Node) -> dict:
-    return {
-        "node_id": make_node_id(tree_id, node.id),
-        "tree_id": tree_id,
-        "parent_id": None if node.parent is None else make_node_id(tree_id, node.parent),
-        "depth": node.depth,
-        "action": node.action,
-        "token_ids": node.token_ids,
-        "tool_call": None if node.tool_call is None else vars(node.tool_call),
-        "observation": node.observation,
-        "visits": node.visits,
-        "value_sum": node.value_sum,
-        "critic_rank": node.critic_rank,
-        "critic_score": node.critic_score,
-        "ending": node.ending,
-        "reward": node.reward,
-        "terminal": node.terminal,
-        "invalid": node.invalid,
-        "snapshot": node.snapshot,
-        "info": node.info or None,
-        "created_sim": node.created_sim,
-    }
+def node_row(tree_id: int, node: Node) -> NodeRow:
+    return NodeRow(
+        node_id=make_node_id(tree_id, node.id),
+        tree_id=tree_id,
+        parent_id=None if node.parent is None else make_node_id(tree_id, node.parent),
+        depth=node.depth,
+        action=node.action,
+        token_ids=node.token_ids,
+        tool_call=None if node.tool_call is None else vars(node.tool_call),
+        observation=node.observation,
+        visits=node.visits,
+        value_sum=node.value_sum,
+        critic_rank=node.critic_rank,
+        critic_score=node.critic_score,
+        ending=node.ending,
+        reward=node.reward,
+        terminal=node.terminal,
+        invalid=node.invalid,
+        snapshot=node.snapshot,
+        info=node.info or None,
+        created_sim=node.created_sim,
+    )
 
 
-def tree_from_rows(task: Task, rows: list[dict], simulations_done: int) -> Tree:
+def tree_from_rows(task: Task, rows: list[NodeRow], simulations_done: int) -> Tree:
     """Rebuild an in-memory tree from its stored nodes (ordered by id: parents first)."""
     nodes: list[Node] = []
     for r in rows:
-        local = split_node_id(r["node_id"])[1]
+        local = split_node_id(r.node_id)[1]
         if local != len(nodes):
             raise ValueError(f"tree of {task.id}: node ids are not contiguous at {local}")
-        if not r["snapshot"]:
+        if not r.snapshot:
             raise ValueError(f"tree of {task.id}: node {local} has no env snapshot")
-        parent = None if r["parent_id"] is None else split_node_id(r["parent_id"])[1]
+        parent = None if r.parent_id is None else split_node_id(r.parent_id)[1]
         nodes.append(Node(
-            id=local, parent=parent, depth=r["depth"], action=r["action"] or "",
-            token_ids=r["token_ids"],
-            tool_call=ToolCall(**r["tool_call"]) if r["tool_call"] else None,
-            observation=r["observation"] or "", reward=r["reward"] or 0.0,
-            terminal=r["terminal"], invalid=r["invalid"], visits=r["visits"],
-            value_sum=r["value_sum"], critic_rank=r["critic_rank"],
-            critic_score=r["critic_score"], ending=r["ending"], snapshot=r["snapshot"],
-            created_sim=r["created_sim"] or 0, info=r["info"] or {},
+            id=local, parent=parent, depth=r.depth, action=r.action or "",
+            token_ids=r.token_ids,
+            tool_call=ToolCall(**r.tool_call) if r.tool_call else None,
+            observation=r.observation or "", reward=r.reward or 0.0,
+            terminal=r.terminal, invalid=r.invalid, visits=r.visits,
+            value_sum=r.value_sum, critic_rank=r.critic_rank,
+            critic_score=r.critic_score, ending=r.ending, snapshot=r.snapshot,
+            created_sim=r.created_sim or 0, info=r.info or {},
         ))
         if parent is not None:
             nodes[parent].children.append(local)
@@ -100,38 +110,35 @@ class TreeWriter:
             for i in result.path:
                 touched[make_node_id(tid, i)] = (tid, tree.nodes[i])
             traj = result.trajectory
-            trajectories.append({
-                "traj_id": rollout_traj_id(tid, result.simulation), "task_id": tree.task.id,
-                "tree_id": tid, "source": "mcts_rollout", "simulation": result.simulation,
-                "steps": [step_to_dict(s) for s in traj.steps], "reward": traj.reward,
-                "success": traj.success, "achieved": traj.achieved,
-            })
+            trajectories.append(TrajectoryRow(
+                traj_id=rollout_traj_id(tid, result.simulation), task_id=tree.task.id,
+                tree_id=tid, source="mcts_rollout", simulation=result.simulation,
+                steps=[step_to_dict(s) for s in traj.steps], reward=traj.reward,
+                success=traj.success, achieved=traj.achieved,
+            ))
             key = tree.task.id
             self.best[key] = max(self.best.get(key, float("-inf")), traj.reward)
         updates = [  # rows read at commit time: the in-memory tree is the truth
-            {"node_id": nid, "visits": n.visits, "value_sum": n.value_sum}
+            NodeVisits(nid, n.visits, n.value_sum)
             for nid, (_, n) in touched.items() if nid not in new
         ]
         with self.store.transaction():
             self.store.insert_nodes([node_row(tid, n) for tid, n in new.values()])
-            self.store.update_nodes(updates)
+            self.store.update_visits(updates)
             self.store.insert_trajectories(trajectories, self.stage)
             self.store.upsert_trees([self._tree_row(t) for t in trees.values()], self.stage)
         self.commits += 1
         after_commit(self.commits)
 
-    def _tree_row(self, tree: Tree) -> dict:
-        row = {
-            "tree_id": self.tree_ids[tree.task.id], "task_id": tree.task.id,
-            "status": "done" if tree.simulations_done >= self.simulations else "running",
-            "simulations_done": tree.simulations_done,
-        }
-        if tree.task.id in self.best:
-            row["best_reward"] = self.best[tree.task.id]
-        return row
+    def _tree_row(self, tree: Tree) -> TreeRow:
+        return TreeRow(
+            tree_id=self.tree_ids[tree.task.id], task_id=tree.task.id,
+            status="done" if tree.simulations_done >= self.simulations else "running",
+            simulations_done=tree.simulations_done, best_reward=self.best.get(tree.task.id))
 
 
-def load_trees(store: Store, todo: list[Task], stored: dict[str, dict], tree_ids: dict[str, int],
+def load_trees(store: Store, todo: list[Task], stored: dict[str, TreeRow],
+               tree_ids: dict[str, int],
                env: Env, writer: TreeWriter) -> tuple[list[Tree], list[Tree]]:
     """The trees of `todo`, and which of them are new. A stored tree is rebuilt from its rows
     and each of its snapshots restored once, so a snapshot the env cannot take fails here,
@@ -140,10 +147,10 @@ def load_trees(store: Store, todo: list[Task], stored: dict[str, dict], tree_ids
     for task in todo:
         if task.id in stored:
             row = stored[task.id]
-            tree = tree_from_rows(task, store.load_tree(tree_ids[task.id]), row["simulations_done"])
+            tree = tree_from_rows(task, store.load_tree(tree_ids[task.id]), row.simulations_done)
             for node in tree.nodes:
                 env.restore(node.snapshot)
-            writer.best[task.id] = row["best_reward"] if row["best_reward"] is not None else 0.0
+            writer.best[task.id] = row.best_reward if row.best_reward is not None else 0.0
         else:
             tree = Tree.new(task, env)
             fresh.append(tree)
@@ -160,9 +167,9 @@ def run_search(ctx: StageContext) -> dict:
     i, n = cfg.search.shard_index if ctx.round == 1 else (0, 1)
     tasks = store.tasks("train")[i::n]
     tree_ids = round_tree_ids(store.task_index(), ctx.round)
-    stored = {t["task_id"]: t for t in store.trees(ctx.stage)}
+    stored = {t.task_id: t for t in store.trees(ctx.stage)}
 
-    todo = [t for t in tasks if stored.get(t.id, {}).get("status") != "done"]
+    todo = [t for t in tasks if t.id not in stored or stored[t.id].status != "done"]
     stats: dict = {"trees": len(tasks), "trees_resumed": 0, "trees_skipped": len(tasks) - len(todo)}
     if ctx.round > 1:
         stats["iterate"] = make_iterate(ctx)  # before any tree: a resume reuses it

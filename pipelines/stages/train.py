@@ -26,14 +26,14 @@ PAIR_KINDS = {"dpo_outcome": ("trajectory",), "dpo_step": ("step",),
 
 def policy_rows(store, policy: str, max_rows: int, seed: int,
                 hindsight: bool = True, mine: str = "mine") -> list[dict]:
-    """The policy's training rows (of stage `mine`) in a stable order; a seeded sample of
-    max_rows when set. RFT trains on the successes, plus the hindsight relabels when
-    `hindsight` (mine.rft_hindsight)."""
+    """The policy's training rows (of stage `mine`) in a stable order, as dicts by column
+    (what offline_agent.training reads); a seeded sample of max_rows when set. RFT trains on
+    the successes, plus the hindsight relabels when `hindsight` (mine.rft_hindsight)."""
     if policy == "rft":
         kinds = ("rft", "hindsight") if hindsight else ("rft",)
-        rows = sorted(store.examples(kinds=kinds, stage=mine), key=lambda r: r["example_id"])
+        rows = [r.to_row() for r in store.examples(kinds=kinds, stage=mine)]
     else:
-        rows = sorted((r for kind in PAIR_KINDS[policy] for r in store.pairs(kind, mine)),
+        rows = sorted((r.to_row() for kind in PAIR_KINDS[policy] for r in store.pairs(kind, mine)),
                       key=lambda r: r["pair_id"])
     if max_rows and len(rows) > max_rows:
         keep = sorted(random.Random(seed).sample(range(len(rows)), max_rows))

@@ -1,0 +1,96 @@
+"""Step-pair mining as one SQL pass over every stored node (siblings self-join + window caps).
+
+The rules are offline_agent.mining.pairs.step_pairs (the oracle, in Python), and a child's
+value is offline_agent.mining.value.child_value (Agent Q eq. 10: a terminal child is worth its
+reward, others alpha*Q_mcts + (1-alpha)*critic); the `valued` CTE below is that function
+written in SQL. Pairs with Q_w - Q_l >= theta, then caps per node, per task and in all (0:
+none) taken round-robin over margin bins in a seeded md5 order. tests/test_mining.py checks
+SQL and Python return identical pairs.
+"""
+
+from __future__ import annotations
+
+from offline_agent.types import StepPair, StepPairParams
+from storage.rows import NodeRow
+from storage.store import Store, _where
+
+
+def _capped(name: str, source: str, group: str, cap: str) -> str:
+    """Two CTEs keeping at most `cap` rows of `source` per `group`: the first of every
+    margin bin, then the second, ... (seeded `key` order inside a bin)."""
+    return (f"{name}_ranked AS (SELECT *, row_number() OVER (PARTITION BY {group}, bin "
+            f"ORDER BY key) AS rank FROM {source}), "
+            f"{name} AS (SELECT * EXCLUDE (rank) FROM {name}_ranked QUALIFY row_number() "
+            f"OVER (PARTITION BY {group} ORDER BY rank, bin, key) <= {cap})")
+
+
+def _query(edges: tuple[float, ...], stage_clause: str) -> str:
+    bin_sql = " + ".join(f"(margin >= {float(e)!r})::INTEGER" for e in edges) or "0"
+    return f"""CREATE OR REPLACE TEMP TABLE _step_pairs AS
+        WITH searched AS (SELECT tree_id FROM trees {stage_clause}),
+        kids AS (
+            SELECT n.node_id, n.parent_id, n.invalid, n.terminal, n.reward, tk.task_id, tk.env,
+                n.terminal OR n.visits >= $min_visits AS counted,
+                CASE WHEN n.visits > 0 THEN n.value_sum / n.visits
+                     ELSE coalesce(n.ending, 0.0) END AS q_mcts,
+                coalesce(n.critic_score,
+                         1.0 / count(*) OVER (PARTITION BY n.parent_id)) AS q_critic
+            FROM nodes n JOIN searched USING (tree_id) JOIN trees t USING (tree_id)
+                JOIN tasks tk USING (task_id)
+            WHERE n.parent_id IS NOT NULL),
+        valued AS (  -- offline_agent.mining.value.child_value
+            SELECT *, CASE WHEN terminal THEN coalesce(reward, 0.0)
+                           ELSE $alpha * q_mcts + (1 - $alpha) * q_critic END AS q
+            FROM kids WHERE counted AND ($invalid OR NOT invalid)),
+        cand AS (
+            SELECT c.task_id, c.env, c.parent_id AS node_id, c.node_id AS chosen_id,
+                r.node_id AS rejected_id, c.q AS chosen_q, r.q AS rejected_q,
+                c.q - r.q AS margin,
+                md5(concat($seed, ':', c.node_id, ':', r.node_id)) AS key
+            FROM valued c JOIN valued r
+                ON c.parent_id = r.parent_id AND c.node_id <> r.node_id
+            WHERE NOT c.invalid AND c.q - r.q >= $theta),
+        binned AS (
+            SELECT *, {bin_sql} AS bin FROM cand),
+        {_capped("by_node", "binned", "node_id", "$per_node")},
+        {_capped("by_task", "by_node", "task_id", "$per_task")},
+        all_ranked AS (
+            SELECT *, row_number() OVER (PARTITION BY env, bin ORDER BY key) AS rank
+            FROM by_task)
+        SELECT *,
+            row_number() OVER (ORDER BY rank, env, bin, key) <= $total AS kept,
+            (SELECT count(*) FROM binned) AS n_candidates,
+            (SELECT count(*) FROM by_node) AS n_after_node_cap
+        FROM all_ranked"""
+
+
+def select_step_pairs(store: Store, params: StepPairParams,
+                      stage: str | None = None) -> tuple[list[StepPair], dict[str, int]]:
+    """Step-level pairs of every stored tree (those `stage` searched, when given), mined and
+    balanced in one SQL pass. Returns the kept pairs (task, node, chosen, rejected order)
+    and counts: candidates, after_node_cap, after_task_cap, kept."""
+    stage_clause, stage_params = _where(stage=stage)
+    store._sql(_query(params.margin_bins, stage_clause), {
+        **stage_params, "alpha": params.alpha, "theta": params.theta,
+        "min_visits": params.min_visits, "seed": str(params.seed),
+        "invalid": params.invalid_rejected, "per_node": params.max_pairs_per_node,
+        "per_task": params.max_pairs_per_task, "total": params.max_pairs or (1 << 62)})
+    rows = store._sql("SELECT task_id, env, node_id, chosen_id, rejected_id, chosen_q, "
+                      "rejected_q, margin, bin FROM _step_pairs WHERE kept "
+                      "ORDER BY task_id, node_id, chosen_id, rejected_id")
+    counts = store._sql("SELECT any_value(n_candidates), any_value(n_after_node_cap), "
+                        "count(*), count(*) FILTER (kept) FROM _step_pairs")[0]
+    store._sql("DROP TABLE _step_pairs")
+    stats = dict(zip(("candidates", "after_node_cap", "after_task_cap", "kept"),
+                     [c or 0 for c in counts]))
+    return [StepPair(*r) for r in rows], stats
+
+
+def step_pair_inputs(store: Store) -> tuple[list[NodeRow], dict[int, tuple[str, str]]]:
+    """What the Python oracle mines: every node of a stored tree (id order), and tree id ->
+    (task id, env)."""
+    trees = {t: (task, env) for t, task, env in store._sql(
+        "SELECT t.tree_id, tk.task_id, tk.env FROM trees t JOIN tasks tk USING (task_id)")}
+    nodes = store._read(NodeRow, "SELECT * FROM nodes WHERE tree_id IN (SELECT tree_id FROM "
+                        "trees) ORDER BY node_id")
+    return nodes, trees
