@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from pipelines.cli import main
 from pipelines.config import RunConfig
 from pipelines.stages import STAGES
-from storage import Store
+from storage import ExampleRow, PairRow, Store
 from tests.test_training import step_pair
 
 REPO = Path(__file__).parent.parent
@@ -59,11 +59,12 @@ def make_run(run_dir: Path, cfg: RunConfig) -> None:
     """A run directory whose store holds mined pairs and examples, every stage before train
     marked done under `cfg` (so `--only train` runs)."""
     run_dir.mkdir(parents=True)
-    pairs = [{**step_pair(i), "task_id": f"t{i}", "env": "minishop", "kind": "step",
-              "chosen_q": 0.8, "rejected_q": 0.1, "margin": 0.7} for i in range(9)]
-    examples = [{"example_id": i, "task_id": f"t{i}", "env": "minishop", "kind": "rft",
-                 "instruction": "i need a blue power bank", "reward": 1.0,
-                 "messages": step_pair(i)["prompt"] + step_pair(i)["chosen"]} for i in range(9)]
+    pairs = [PairRow(**step_pair(i), task_id=f"t{i}", env="minishop", kind="step",
+                     chosen_q=0.8, rejected_q=0.1, margin=0.7) for i in range(9)]
+    examples = [ExampleRow(example_id=i, task_id=f"t{i}", env="minishop", kind="rft",
+                           instruction="i need a blue power bank", reward=1.0,
+                           messages=step_pair(i)["prompt"] + step_pair(i)["chosen"])
+                for i in range(9)]
     with Store(run_dir / "store.duckdb") as store:
         store.insert_pairs(pairs, "mine")
         store.insert_examples(examples, "mine")

@@ -203,7 +203,7 @@ def test_export_writes_the_chosen_round_and_names_the_rounds_it_has(two_rounds, 
 
     run_dir = two_rounds[0]
     with Store(run_dir / "store.duckdb", read_only=True) as store:
-        steps = {r: sorted(p["node_id"] for p in store.pairs("step", stage))
+        steps = {r: sorted(p.node_id for p in store.pairs("step", stage))
                  for r, stage in ((1, "mine"), (2, "mine@2"))}
     assert steps[1] and steps[2] and steps[1] != steps[2]
     for r in (1, 2):
@@ -225,9 +225,9 @@ def test_tree_draws_the_chosen_round_latest_by_default(two_rounds, tmp_path, cap
 
     run_dir = two_rounds[0]
     with Store(run_dir / "store.duckdb", read_only=True) as store:
-        task = store.trees("search")[0]["task_id"]
-        ids = {r: {str(n["node_id"]) for t in store.trees(stage) if t["task_id"] == task
-                   for n in store.load_tree(t["tree_id"])}
+        task = store.trees("search")[0].task_id
+        ids = {r: {str(n.node_id) for t in store.trees(stage) if t.task_id == task
+                   for n in store.load_tree(t.tree_id)}
                for r, stage in ((1, "search"), (2, "search@2"))}
     assert ids[1] and ids[2] and not ids[1] & ids[2]
     for r in (1, 2):
