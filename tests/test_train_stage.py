@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -83,13 +82,15 @@ def test_resume_after_sigkill_continues_at_the_saved_step_with_the_same_next_los
                       save_every=2)
     for name in ("killed", "whole"):
         make_run(tmp_path / name)
-    script = ("import json, sys\nfrom pipelines.config import RunConfig\n"
+    script = ("import json, os, signal, sys\nfrom pipelines.config import RunConfig\n"
               "from pipelines.runner import run\nfrom pipelines.stages import STAGES\n"
+              "from offline_agent.training import trainer\n"
+              "trainer.after_step = lambda step: step == 3 and os.kill(os.getpid(), "
+              "signal.SIGKILL)\n"
               "run(RunConfig.from_dict(json.loads(sys.argv[1])), sys.argv[2], "
               "[s for s in STAGES if s.name == 'train'])\n")
-    env = {**os.environ, "OFFLINE_AGENT_TRAIN_KILL_AFTER_STEP": "3"}
     proc = subprocess.run([sys.executable, "-c", script, json.dumps(settings),
-                           str(tmp_path / "killed")], env=env, capture_output=True, text=True,
+                           str(tmp_path / "killed")], capture_output=True, text=True,
                           timeout=300, cwd=Path(__file__).parent.parent)
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     with Store(tmp_path / "killed" / "store.duckdb", read_only=True) as store:

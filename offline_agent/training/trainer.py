@@ -15,9 +15,7 @@ an uninterrupted run: adapter, optimizer, scheduler, data order, RNG state.
 from __future__ import annotations
 
 import math
-import os
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,9 +26,10 @@ from . import checkpoint
 from .config import TrainConfig
 from .logprobs import groups
 
-# Test hook: SIGKILL this process right after the optimizer step with this number (and its
-# checkpoint, if one is due), to test resume after a hard kill deterministically.
-KILL_AFTER = "OFFLINE_AGENT_TRAIN_KILL_AFTER_STEP"
+
+def after_step(step: int) -> None:
+    """Called right after optimizer step `step` (and its checkpoint, if one was due). A no-op;
+    crash tests replace it to SIGKILL a real run at a known step (tests/test_train_stage.py)."""
 
 
 def data_order(n: int, epochs: int, seed: int) -> list[int]:
@@ -67,7 +66,6 @@ def train(model, objective, cfg: TrainConfig, folder: Path, accelerator, *,
     if resume:
         start, order = checkpoint.load(Path(resume), model, optimizer, scheduler)
     model.train()
-    kill_after = int(os.environ.get(KILL_AFTER, "0"))
     metrics: dict = {}
     for step in range(start, total):
         indices = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
@@ -78,8 +76,7 @@ def train(model, objective, cfg: TrainConfig, folder: Path, accelerator, *,
         if (step + 1) % cfg.save_every == 0 and step + 1 < total:
             _save_step(folder, model, optimizer, scheduler, step + 1, order, accelerator,
                        on_checkpoint)
-        if step + 1 == kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
+        after_step(step + 1)
     if accelerator.is_main_process:
         checkpoint.write_atomic(folder / "final", model.save_pretrained)
     return {**metrics, "step": total}
