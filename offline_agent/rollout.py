@@ -1,7 +1,7 @@
 """Batched episodes: many envs step in lockstep so one generate call serves all of them.
 
 Used by evaluation (greedy success), calibration and the search baseline. On CPU the
-batch is the main speed lever (~7x tokens/s at 16 sequences on 2 cores).
+batch is the main speed lever (benchmarks/generation.py measures it).
 """
 
 from __future__ import annotations

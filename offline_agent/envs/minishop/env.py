@@ -138,9 +138,9 @@ class MiniShop(Env):
 
     def demo_episode(self) -> tuple[Task, list[str]]:
         """One scripted easy episode (search the goal's words, open the target, buy).
-        Without it the 135M model repeats its first action and never buys (0% greedy
-        success); with it, ~16% at the default difficulty (docs/environments.md). A demo that
-        also clicks options did worse, so the demo buys a goal that names none."""
+        Without it a 135M model repeats its first action and never buys; a demo that also
+        clicks options did worse, so the demo buys a goal that names none (figures:
+        docs/environments.md#minishop)."""
         shop = MiniShop(seed=self.seed, num_products=self.num_products, difficulty=1)
         for task in shop.tasks("train", 50):
             goal = Goal.from_data(task.data)

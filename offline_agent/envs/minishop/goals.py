@@ -22,9 +22,9 @@ class Difficulty:
     price_slack: float  # budget = next $10 >= price * (1 + slack); less slack, more over budget
 
 
-# Measured on SmolLM2-135M (see docs/environments.md): naming an option is the steepest step
-# (the model rarely selects one), a tight budget the next; more attributes make the search
-# query more specific, which helps rather than hurts.
+# Ordered by what small models find hard (figures: docs/environments.md#minishop): naming an
+# option is the steepest step (they rarely select one), a tight budget the next; more
+# attributes make the search query more specific, which helps rather than hurts.
 LEVELS = {
     1: Difficulty(attributes=1, option_rate=0.0, price_slack=1.0),
     2: Difficulty(attributes=1, option_rate=0.0, price_slack=0.0),

@@ -494,8 +494,8 @@ PROBLEMS: list[Problem] = [
 ]
 
 # The easy tier: one-line functions, the simplest rung for small policies. Split by hash like
-# the others (3 of these 12 are test problems). The 135M model did not solve them greedily
-# either (0 of 28 test tasks, docs/environments.md).
+# the others (3 of these 12 are test problems). How the embedded model does on them:
+# docs/environments.md#python-tasks.
 EASY: list[Problem] = [
     Problem("add_k", "def add_k(x: int) -> int:", "Return x plus {k}.", "    return x + {k}",
             ((1,), (10,)), ((0,), (-5,), (100,)), lambda r: (r.randint(-50, 50),),
