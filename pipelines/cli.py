@@ -40,16 +40,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from pipelines.stages import STAGES
-
-    stage_names = ", ".join(s.name for s in STAGES)
     p = argparse.ArgumentParser(
         prog="offline-agent",
         description="Offline Agent Q: MCTS search, preference mining and training for small "
         "tool-using LLM agents. Every stage resumes from the run's DuckDB store.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_run_command, _status_command, _merge_command, _export_command, _tree_command,
+                _report_command, _check_env_command):
+        add(sub)
+    return p
 
+
+def _run_command(sub) -> None:
+    from pipelines.stages import STAGES
+
+    stage_names = ", ".join(s.name for s in STAGES)
     r = sub.add_parser(
         "run",
         help="run the pipeline (resumes; finished stages are skipped)",
@@ -70,10 +76,14 @@ def parser() -> argparse.ArgumentParser:
                    help="discard stored results whose config changed, and recompute them")
     r.set_defaults(func=cmd_run)
 
+
+def _status_command(sub) -> None:
     s = sub.add_parser("status", help="show a run's stages and row counts (also while it runs)")
     s.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     s.set_defaults(func=cmd_status)
 
+
+def _merge_command(sub) -> None:
     m = sub.add_parser(
         "merge",
         help="merge shard runs (search.shard=i/n) into one run directory",
@@ -87,6 +97,8 @@ def parser() -> argparse.ArgumentParser:
                    help="run directories of the shards")
     m.set_defaults(func=cmd_merge)
 
+
+def _export_command(sub) -> None:
     e = sub.add_parser(
         "export",
         help="write a run's mined data as a Hugging Face dataset folder, or push it to the Hub",
@@ -106,6 +118,8 @@ def parser() -> argparse.ArgumentParser:
                    "default: round 1's, stage mine)")
     e.set_defaults(func=cmd_export)
 
+
+def _tree_command(sub) -> None:
     t = sub.add_parser("tree", help="draw one task's search tree as an HTML page or GraphML",
                        description="HTML: a self-contained page (visits, Q and critic score per "
                        "node; click a node for its action and observation). GraphML: opens in "
@@ -120,11 +134,16 @@ def parser() -> argparse.ArgumentParser:
                    "ID@N.FORMAT for round N >= 2, the id made safe as a file name)")
     t.set_defaults(func=cmd_tree)
 
+
+def _report_command(sub) -> None:
     rep = sub.add_parser("report", help="write RUN_DIR/report/ (report.json, index.html) again",
                          description="Recompute the report from a finished or stopped run's "
                          "store (opened read-only) and print the comparison table.")
     rep.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     rep.set_defaults(func=cmd_report)
+
+
+def _check_env_command(sub) -> None:
     c = sub.add_parser("check-env", help="check that an env keeps the Env contract",
                        description="Checks a built-in or plugin env before a long run: tool "
                        "schemas, deterministic and disjoint tasks, snapshot/restore, fuzzed "
@@ -134,7 +153,6 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--kwargs", default="{}", metavar="JSON",
                    help='constructor arguments as a JSON object, e.g. \'{"max_steps": 8}\'')
     c.set_defaults(func=cmd_check_env)
-    return p
 
 
 def round_number(text: str) -> int:
