@@ -46,9 +46,11 @@ class Mined:
     stats: dict
 
 
-def mine(inputs: MineInputs, cfg: MineConfig, new_env: Callable[[], Env]) -> Mined:
+def mine(inputs: MineInputs, cfg: MineConfig, new_env: Callable[[], Env],
+         progress: Callable[..., None] = lambda **counts: None) -> Mined:
     """Pairs and examples of one round; `new_env` makes a fresh env of the run's env (the
-    conversations' system prompt and first observations, and the hindsight replays)."""
+    conversations' system prompt and first observations, and the hindsight replays);
+    `progress(step_pairs=n)` reports the step pairs before the slower hindsight replays."""
     env = new_env()
     tasks = inputs.tasks
     wrong = {t.env for t in tasks.values()} - {env.name}
@@ -61,6 +63,7 @@ def mine(inputs: MineInputs, cfg: MineConfig, new_env: Callable[[], Env]) -> Min
 
     steps = step_pair_rows(inputs.step_pairs, inputs.nodes, context, tasks, first)
     stats = step_pair_stats(steps, inputs.step_counts, cfg)
+    progress(step_pairs=len(steps))
     outcome = outcome_pair_rows(trajs, cfg, context, tasks, firsts, first + len(steps))
     relabels, hindsight_stats = mine_hindsight(trajs, cfg, new_env, tasks)
     rft = rft_examples(trajs, context, tasks, firsts, first)

@@ -43,7 +43,8 @@ def mine_inputs(store: Store, cfg: RunConfig, r: int) -> MineInputs:
 
 def run_mine(ctx: StageContext) -> dict:
     cfg, store = ctx.cfg, ctx.store
-    mined = mine(mine_inputs(store, cfg, ctx.round), cfg.mine, lambda: make_env(cfg))
+    mined = mine(mine_inputs(store, cfg, ctx.round), cfg.mine, lambda: make_env(cfg),
+                 ctx.progress.update)
     with store.transaction():
         store.insert_pairs(mined.pairs, ctx.stage)
         store.insert_examples(mined.examples, ctx.stage)
