@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from offline_agent.config_fields import config_field as _f
 from offline_agent.policy.base import Policy
 from offline_agent.types import Task, Trajectory, step_to_dict
+from storage.rows import EvalEpisodeRow
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 LEVEL = 0.95
@@ -98,10 +99,10 @@ class Episode:
     invalid: int
 
     @classmethod
-    def from_row(cls, row: dict) -> Episode:
+    def from_row(cls, row: EvalEpisodeRow) -> Episode:
         """From a stored eval_episodes row (steps as step dicts)."""
-        return cls(row["task_id"], float(row["reward"]), bool(row["success"]),
-                   len(row["steps"]), sum(bool(s["invalid"]) for s in row["steps"]))
+        return cls(row.task_id, float(row.reward), bool(row.success),
+                   len(row.steps), sum(bool(s["invalid"]) for s in row.steps))
 
     @classmethod
     def from_trajectory(cls, trajectory: Trajectory) -> Episode:
@@ -169,11 +170,11 @@ def compare(policy: Sequence[Episode], base: Sequence[Episode], cfg: EvalConfig)
 
 
 # ---- running -----------------------------------------------------------------------------------
-def episode_row(trajectory: Trajectory) -> dict:
-    """A finished episode as an eval_episodes row (without policy, mode and stage)."""
-    return {"task_id": trajectory.task_id,
-            "steps": [step_to_dict(s) for s in trajectory.steps],
-            "reward": trajectory.reward, "success": trajectory.success}
+def episode_row(trajectory: Trajectory, policy: str, mode: str) -> EvalEpisodeRow:
+    """A finished episode of `policy` played in `mode`, as its eval_episodes row."""
+    return EvalEpisodeRow(policy=policy, mode=mode, task_id=trajectory.task_id,
+                          steps=[step_to_dict(s) for s in trajectory.steps],
+                          reward=trajectory.reward, success=trajectory.success)
 
 
 def greedy_episodes(policy: Policy, make_env: Callable, tasks: list[Task], batch_size: int,

@@ -14,7 +14,16 @@ from storage.ids import (
 )
 from storage.merge import MergeConflict, merge_shards
 from storage.mining import select_step_pairs, step_pair_inputs
-from storage.rows import ExampleRow, NodeRow, NodeVisits, PairRow, TrajectoryRow, TreeRow
+from storage.rows import (
+    EvalEpisodeRow,
+    ExampleRow,
+    MetricRow,
+    NodeRow,
+    NodeVisits,
+    PairRow,
+    TrajectoryRow,
+    TreeRow,
+)
 from storage.schema import SCHEMA_VERSION
 from storage.store import Store, StoreError, StoreInUse
 
@@ -25,8 +34,10 @@ __all__ = [
     "SCHEMA_VERSION",
     "TRAJS_PER_TREE",
     "TREES_PER_ROUND",
+    "EvalEpisodeRow",
     "ExampleRow",
     "MergeConflict",
+    "MetricRow",
     "NodeRow",
     "NodeVisits",
     "PairRow",

@@ -132,4 +132,28 @@ class ExampleRow(Row):
     info: dict | None = None
 
 
-ROWS: tuple[type[Row], ...] = (TreeRow, NodeRow, TrajectoryRow, PairRow, ExampleRow)
+@dataclass(frozen=True)
+class MetricRow(Row):
+    """One optimizer step's metrics of one series (a trained policy) of a train stage."""
+
+    TABLE: ClassVar[str] = "metrics"
+    series: str  # the trained policy's name
+    step: int
+    data: dict  # {"loss": ..., "margin": ..., ...}
+
+
+@dataclass(frozen=True)
+class EvalEpisodeRow(Row):
+    """One evaluation episode of a policy on a test task."""
+
+    TABLE: ClassVar[str] = "eval_episodes"
+    policy: str  # base | a trained policy's name (`<policy>@k` in round k)
+    mode: str  # greedy (the only mode evaluation runs)
+    task_id: str
+    steps: list[dict]  # offline_agent.types.step_to_dict of each step
+    reward: float
+    success: bool
+
+
+ROWS: tuple[type[Row], ...] = (TreeRow, NodeRow, TrajectoryRow, PairRow, ExampleRow, MetricRow,
+                               EvalEpisodeRow)

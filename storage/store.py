@@ -28,7 +28,17 @@ import duckdb
 import pyarrow as pa
 
 from offline_agent.types import Task
-from storage.rows import ExampleRow, NodeRow, NodeVisits, PairRow, Row, TrajectoryRow, TreeRow
+from storage.rows import (
+    EvalEpisodeRow,
+    ExampleRow,
+    MetricRow,
+    NodeRow,
+    NodeVisits,
+    PairRow,
+    Row,
+    TrajectoryRow,
+    TreeRow,
+)
 from storage.schema import MIGRATIONS, PICKLE_COLUMNS, SCHEMA_VERSION
 
 R = TypeVar("R", bound=Row)
@@ -527,28 +537,31 @@ class Store:
                              f"ORDER BY {column}"))
 
     # ---- training metrics ------------------------------------------------------------------
-    def insert_metrics(self, rows: Sequence[dict], stage: str) -> None:
-        """Per-step metrics (series, step, data); a step written again (a resumed run redoing
-        steps past its checkpoint) replaces the old row."""
-        self._insert("metrics", rows, "ON CONFLICT (stage, series, step) DO UPDATE SET "
-                     "data = excluded.data", stage=stage)
+    def insert_metrics(self, rows: Sequence[MetricRow], stage: str) -> None:
+        """Per-step metrics; a step written again (a resumed run redoing steps past its
+        checkpoint) replaces the old row."""
+        self._insert("metrics", self._dicts(MetricRow, rows),
+                     "ON CONFLICT (stage, series, step) DO UPDATE SET data = excluded.data",
+                     stage=stage)
 
-    def metrics(self, stage: str, series: str | None = None) -> list[dict]:
+    def metrics(self, stage: str, series: str | None = None) -> list[MetricRow]:
         """Metric rows of `stage` (one series when given), by series then step."""
         clause, params = _where(stage=stage, series=series)
-        return self._select("metrics", f"SELECT * FROM metrics {clause} ORDER BY series, step",
-                           params)
+        return self._read(MetricRow, f"SELECT * FROM metrics {clause} ORDER BY series, step",
+                          params)
 
     # ---- evaluation ------------------------------------------------------------------------
-    def insert_eval_episodes(self, rows: Sequence[dict], stage: str) -> None:
+    def insert_eval_episodes(self, rows: Sequence[EvalEpisodeRow], stage: str) -> None:
         """Episodes keyed by (policy, mode, task_id): a second row for one key raises."""
-        self._insert("eval_episodes", rows, stage=stage)
+        self._insert("eval_episodes", self._dicts(EvalEpisodeRow, rows), stage=stage)
 
-    def eval_episodes(self, policy: str | None = None, mode: str | None = None) -> list[dict]:
-        """Evaluation episodes ordered by policy, mode and task (all when filters are None)."""
-        clause, params = _where(policy=policy, mode=mode)
-        return self._select("eval_episodes", f"SELECT * FROM eval_episodes {clause} "
-                           "ORDER BY policy, mode, task_id", params)
+    def eval_episodes(self, policy: str | None = None, mode: str | None = None,
+                      stage: str | None = None) -> list[EvalEpisodeRow]:
+        """Evaluation episodes ordered by policy, mode and task (all when filters are None;
+        of one eval stage when `stage` is given)."""
+        clause, params = _where(policy=policy, mode=mode, stage=stage)
+        return self._read(EvalEpisodeRow, f"SELECT * FROM eval_episodes {clause} "
+                          "ORDER BY policy, mode, task_id", params)
 
     def eval_tasks(self, policy: str, mode: str) -> set[str]:
         """Ids of tasks `policy` has finished in `mode` (what a resumed evaluation skips)."""

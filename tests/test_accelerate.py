@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from pipelines.cli import main
 from pipelines.config import RunConfig
 from pipelines.stages import STAGES
-from storage import ExampleRow, PairRow, Store
+from storage import ExampleRow, MetricRow, PairRow, Store
 from tests.test_training import step_pair
 
 REPO = Path(__file__).parent.parent
@@ -110,20 +110,20 @@ def finish(proc: subprocess.Popen, log: Path) -> None:
     assert proc.returncode == 0, log.read_text()[-8000:]
 
 
-def compare_metrics(one: list[dict], two: list[dict], policy: str) -> None:
+def compare_metrics(one: list[MetricRow], two: list[MetricRow], policy: str) -> None:
     """Step by step, the 2-process run's metrics are the 1-process run's, within float error."""
-    assert [r["step"] for r in two] == [1, 2, 3]  # one row per step: no process wrote twice
-    assert one[0]["data"]["loss"] != one[-1]["data"]["loss"]  # it learns: equality matters
+    assert [r.step for r in two] == [1, 2, 3]  # one row per step: no process wrote twice
+    assert one[0].data["loss"] != one[-1].data["loss"]  # it learns: equality matters
     for a, b in zip(one, two):
-        assert b["data"]["tokens"] == a["data"]["tokens"]
+        assert b.data["tokens"] == a.data["tokens"]
         # at step 1 the policy is the reference: each pair's margin is float noise, so the
         # share of positive ones (accuracy) is arbitrary there
         keys = ("loss",) if policy == "rft" else ("loss", "margin") + (
-            ("accuracy",) if a["step"] > 1 else ())
+            ("accuracy",) if a.step > 1 else ())
         for key in keys:
-            print(f"{policy} step {a['step']} {key}: 1 process {a['data'][key]:.9g}, "
-                  f"2 processes {b['data'][key]:.9g}")
-            assert b["data"][key] == pytest.approx(a["data"][key], rel=1e-5, abs=1e-6), key
+            print(f"{policy} step {a.step} {key}: 1 process {a.data[key]:.9g}, "
+                  f"2 processes {b.data[key]:.9g}")
+            assert b.data[key] == pytest.approx(a.data[key], rel=1e-5, abs=1e-6), key
 
 
 def adapter_difference(tmp_path: Path, policy: str) -> float:

@@ -22,7 +22,7 @@ from offline_agent.evaluation import (
 )
 from offline_agent.types import Step, Trajectory
 from pipelines.config import ConfigError, RunConfig
-from storage import Store
+from storage import EvalEpisodeRow, Store
 
 
 # ---- statistics -----------------------------------------------------------------------------
@@ -111,8 +111,8 @@ def test_summarize_and_compare_on_hand_made_episodes():
 
 
 def test_episode_from_a_stored_row():
-    row = {"task_id": "t", "reward": 0.75, "success": False,
-           "steps": [{"invalid": True}, {"invalid": False}, {"invalid": False}]}
+    row = EvalEpisodeRow(policy="base", mode="greedy", task_id="t", reward=0.75, success=False,
+                         steps=[{"invalid": True}, {"invalid": False}, {"invalid": False}])
     assert Episode.from_row(row) == Episode("t", 0.75, False, 3, 1)
 
 
@@ -187,7 +187,7 @@ def test_eval_stage_plays_base_and_adapter_and_resumes(trained_run, monkeypatch,
     def crash_after_four(self, rows, stage):
         if len(inserted) == 4:
             raise KeyboardInterrupt  # killed mid-policy: base done, adapter 1 of 3
-        inserted.extend(r["task_id"] for r in rows)
+        inserted.extend(r.task_id for r in rows)
         real_insert(self, rows, stage)
 
     monkeypatch.setattr(Store, "insert_eval_episodes", crash_after_four)
@@ -196,7 +196,7 @@ def test_eval_stage_plays_base_and_adapter_and_resumes(trained_run, monkeypatch,
     with Store(run_dir / "store.duckdb") as store:
         first = store.eval_episodes()
         assert store.stage("eval")["status"] == "failed"
-    assert [(r["policy"], r["task_id"]) for r in first][:3] == [
+    assert [(r.policy, r.task_id) for r in first][:3] == [
         ("base", t) for t in ("minishop-test-00000", "minishop-test-00001",
                               "minishop-test-00002")]
     assert len(first) == 4
@@ -205,11 +205,12 @@ def test_eval_stage_plays_base_and_adapter_and_resumes(trained_run, monkeypatch,
     results = run(cfg, run_dir, STAGES)
     with Store(run_dir / "store.duckdb") as store:
         rows = store.eval_episodes()
+        of_eval = store.eval_episodes(stage="eval")
     assert len(rows) == 6 and rows[:4] == first  # resumed: nothing replayed or changed
-    assert {r["policy"] for r in rows} == {"base", "dpo_step"}
-    assert all(r["mode"] == "greedy" and r["stage"] == "eval" and r["steps"] for r in rows)
-    base_actions = [[s["action"] for s in r["steps"]] for r in rows if r["policy"] == "base"]
-    lora_actions = [[s["action"] for s in r["steps"]] for r in rows if r["policy"] != "base"]
+    assert {r.policy for r in rows} == {"base", "dpo_step"}
+    assert rows == of_eval and all(r.mode == "greedy" and r.steps for r in rows)
+    base_actions = [[s["action"] for s in r.steps] for r in rows if r.policy == "base"]
+    lora_actions = [[s["action"] for s in r.steps] for r in rows if r.policy != "base"]
     assert base_actions != lora_actions  # the adapter was applied
     stats = results["eval"]["stats"]
     assert stats["base"]["n_tasks"] == 3 and stats["dpo_step"]["n_tasks"] == 3

@@ -47,7 +47,7 @@ def round_one_rows(store: Store) -> dict:
             "pairs": store.pairs(stage="mine"), "examples": store.examples(stage="mine"),
             "metrics": store.metrics("train"),
             "final": store.checkpoint("train", "", "dpo_step/final"),
-            "eval": [r for r in store.eval_episodes() if r["stage"] == "eval"]}
+            "eval": store.eval_episodes(stage="eval")}
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,15 @@ from offline_agent.types import Task
 from pipelines.cli import main
 from pipelines.report_table import comparison_table
 from pipelines.stages.report import build_report, write_report
-from storage import ExampleRow, NodeRow, PairRow, Store, make_node_id
+from storage import (
+    EvalEpisodeRow,
+    ExampleRow,
+    MetricRow,
+    NodeRow,
+    PairRow,
+    Store,
+    make_node_id,
+)
 from tests.rows import node_row
 
 N = 40  # test tasks
@@ -27,11 +35,12 @@ def step(invalid: bool = False) -> dict:
             "invalid": invalid, "info": {}}
 
 
-def episodes(policy: str, solved: set[int], invalid_every: int = 0) -> list[dict]:
+def episodes(policy: str, solved: set[int], invalid_every: int = 0) -> list[EvalEpisodeRow]:
     """N episodes of 2-4 steps; task i solved when i in `solved`."""
-    return [{"policy": policy, "mode": "greedy", "task_id": f"t{i:03d}",
-             "steps": [step(invalid_every > 0 and i % invalid_every == 0)] + [step()] * (1 + i % 3),
-             "reward": 1.0 if i in solved else 0.25, "success": i in solved}
+    return [EvalEpisodeRow(policy=policy, mode="greedy", task_id=f"t{i:03d}",
+                           steps=[step(invalid_every > 0 and i % invalid_every == 0)]
+                           + [step()] * (1 + i % 3),
+                           reward=1.0 if i in solved else 0.25, success=i in solved)
             for i in range(N)]
 
 
@@ -53,9 +62,8 @@ def fill(store: Store, training: bool = True) -> None:
                                       kind="rft", instruction="buy", messages=[])], "mine")
     for policy in ("dpo_step", "rft"):  # training order: dpo_step finished first
         store.set_checkpoint("train", "", f"{policy}/final", {"folder": f"x/{policy}", "step": 5})
-        store._insert("metrics", [{"series": policy, "step": s,
-                                   "data": {"loss": 0.7 - 0.1 * s, "margin": 0.05 * s}}
-                                  for s in range(5)], stage="train")
+        store.insert_metrics([MetricRow(policy, s, {"loss": 0.7 - 0.1 * s, "margin": 0.05 * s})
+                              for s in range(5)], "train")
     store.insert_eval_episodes(episodes("rft", set(range(0, N, 4)) | {1}), "eval")
     store.insert_eval_episodes(episodes("dpo_step", set(range(0, N, 2))), "eval")
 

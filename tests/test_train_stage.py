@@ -13,7 +13,7 @@ import pytest
 from pipelines.config import RunConfig
 from pipelines.runner import run
 from pipelines.stages import STAGES
-from storage import ExampleRow, PairRow, Store
+from storage import ExampleRow, MetricRow, PairRow, Store
 from tests.test_training import step_pair, trajectory_pair
 
 TRAIN = [s for s in STAGES if s.name == "train"]
@@ -44,7 +44,7 @@ def make_run(run_dir: Path, n_step: int = 4, trajectory: bool = False, rft: bool
 
 def losses(run_dir: Path, policy: str) -> dict[int, float]:
     with Store(run_dir / "store.duckdb", read_only=True) as store:
-        return {r["step"]: r["data"]["loss"] for r in store.metrics("train", policy)}
+        return {r.step: r.data["loss"] for r in store.metrics("train", policy)}
 
 
 def test_train_stage_trains_each_policy_records_checkpoints_and_skips_when_done(
@@ -59,9 +59,9 @@ def test_train_stage_trains_each_policy_records_checkpoints_and_skips_when_done(
         for policy in stats:
             final = store.checkpoint("train", "", f"{policy}/final")
             assert (tmp_path / "r" / final["folder"] / "adapter_model.safetensors").exists()
-            assert [r["step"] for r in store.metrics("train", policy)] == list(
+            assert [r.step for r in store.metrics("train", policy)] == list(
                 range(1, final["step"] + 1))
-        data = store.metrics("train", "dpo_step_outcome")[0]["data"]
+        data = store.metrics("train", "dpo_step_outcome")[0].data
         card = (tmp_path / "r" / final["folder"] / "README.md").read_text()
         assert f"trained on offline-agent run `{store.run_id}`" in card
     assert {"loss", "margin", "accuracy", "lr", "tokens_per_s"} <= set(data)
@@ -100,7 +100,7 @@ def test_resume_after_sigkill_continues_at_the_saved_step_with_the_same_next_los
     killed = losses(tmp_path / "killed", "dpo_step")
     assert sorted(killed) == [1, 2, 3]  # step 3 ran, but after the last checkpoint
     with Store(tmp_path / "killed" / "store.duckdb") as store:  # a mark a restart would erase
-        store.insert_metrics([{"series": "dpo_step", "step": 1, "data": {"loss": -1.0}}], "train")
+        store.insert_metrics([MetricRow("dpo_step", 1, {"loss": -1.0})], "train")
 
     cfg = RunConfig.from_dict(settings)
     run(cfg, tmp_path / "killed", TRAIN)  # resumes from step-2

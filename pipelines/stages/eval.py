@@ -54,8 +54,7 @@ def run_eval(ctx: StageContext) -> dict:
 
         def on_done(t: Trajectory, name: str = name) -> None:
             nonlocal done
-            store.insert_eval_episodes([{**episode_row(t), "policy": name, "mode": MODE}],
-                                       ctx.stage)
+            store.insert_eval_episodes([episode_row(t, name, MODE)], ctx.stage)
             done += 1
             ctx.progress.update(policy=name, episodes_done=done, episodes=total)
 

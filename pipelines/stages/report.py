@@ -64,7 +64,7 @@ def policy_results(store: Store, cfg: EvalConfig) -> list[dict]:
     order training finished them; each but base with its paired difference to base."""
     runs: dict[tuple[str, str], list[Episode]] = {}
     for row in store.eval_episodes():
-        runs.setdefault((row["policy"], row["mode"]), []).append(Episode.from_row(row))
+        runs.setdefault((row.policy, row.mode), []).append(Episode.from_row(row))
     rank = {name: i for i, name in enumerate([BASE, *trained_policies(store)])}
     order = sorted(runs, key=lambda k: (rank.get(k[0], len(rank)), k[0], k[1] != MODE, k[1]))
     base = runs.get((BASE, MODE))
@@ -97,8 +97,8 @@ def training_curves(store: Store) -> dict[str, list[dict]]:
     k = 1
     while rows := store.metrics(round_name("train", k)):
         for row in rows:
-            curves.setdefault(round_name(row["series"], k), []).append(
-                {"step": row["step"], **row["data"]})
+            curves.setdefault(round_name(row.series, k), []).append(
+                {"step": row.step, **row.data})
         k += 1
     return curves
 

@@ -17,7 +17,7 @@ from offline_agent.training.card import Provenance
 from pipelines.config import RunConfig
 from pipelines.runner import StageContext
 from pipelines.stages.rounds import ITERATE, round_model, round_name
-from storage import Store
+from storage import MetricRow, Store
 
 # policy -> the pair kinds it trains on (rft trains on examples instead)
 PAIR_KINDS = {"dpo_outcome": ("trajectory",), "dpo_step": ("step",),
@@ -69,7 +69,7 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
     writer = _tensorboard(folder) if cfg.train.report_to == "tensorboard" else None
 
     def on_metrics(step: int, metrics: dict) -> None:
-        store.insert_metrics([{"series": policy, "step": step, "data": metrics}], ctx.stage)
+        store.insert_metrics([MetricRow(policy, step, metrics)], ctx.stage)
         ctx.progress.update(policy=policy, step=step, loss=round(metrics["loss"], 4))
         for name, value in (metrics.items() if writer else ()):
             writer.add_scalar(f"{policy}/{name}", value, step)
