@@ -22,6 +22,8 @@ from offline_agent.policy.base import Policy
 from offline_agent.types import Task, Trajectory, step_to_dict
 from storage.rows import EvalEpisodeRow
 
+MODE = "greedy"  # the one mode evaluation plays (greedy_episodes): eval_episodes.mode
+BASE = "base"  # the policy name of the untrained model, which every other is compared to
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 LEVEL = 0.95
 

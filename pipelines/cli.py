@@ -271,7 +271,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.out and args.out.exists() and any(args.out.iterdir()):
         raise FileExistsError(f"{args.out} exists and is not empty; export into a new folder")
-    from pipelines.stages.rounds import round_name, stored_rounds
+    from pipelines.rounds import round_name, stored_rounds
 
     cfg = RunConfig.load(args.run_dir / "config.yaml")
     env = make_env(cfg)
@@ -316,7 +316,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
 
 def _task_tree(store: Store, task: str, r: int | None) -> tuple[int, TreeRow]:
     """(round, tree row) of `task`'s tree in round r, or in the latest round holding one."""
-    from pipelines.stages.rounds import round_name, stored_rounds
+    from pipelines.rounds import round_name, stored_rounds
 
     rounds = stored_rounds(store.trees, "search")
     trees = {n: t for n in rounds for t in store.trees(round_name("search", n))
@@ -335,8 +335,8 @@ def _task_tree(store: Store, task: str, r: int | None) -> tuple[int, TreeRow]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from pipelines.report import build_report, eval_config, write_report
     from pipelines.report_table import comparison_table
-    from pipelines.stages.report import build_report, eval_config, write_report
 
     with Store(args.run_dir / "store.duckdb", read_only=True) as store:
         report = build_report(store, eval_config(store))

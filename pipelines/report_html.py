@@ -1,7 +1,7 @@
 """The run report as one self-contained HTML page: tables, and matplotlib charts inlined as SVG
 (no script, no network, opens from a file or a copied folder).
 
-Input is report.json's dict (pipelines/stages/report.py), so the page shows exactly what the
+Input is report.json's dict (pipelines/report.py), so the page shows exactly what the
 JSON holds; every section says so when its part of the run is missing.
 """
 

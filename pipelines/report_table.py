@@ -1,7 +1,7 @@
 """The comparison table of a report: its columns and each policy entry's cells, shared by the
 text table on stdout and the page (report_html.py), so both always show the same numbers.
 
-An entry is one of report.json's `policies` (pipelines/stages/report.py `policy_results`).
+An entry is one of report.json's `policies` (pipelines/report.py `policy_results`).
 """
 
 from __future__ import annotations

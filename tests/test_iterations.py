@@ -157,7 +157,7 @@ def test_every_round_is_evaluated_and_reported_and_a_rerun_is_a_no_op(two_rounds
 
 
 def test_round_names_and_the_stage_list():
-    from pipelines.stages.rounds import round_name
+    from pipelines.rounds import round_name
 
     assert [round_name("search", r) for r in (1, 2, 12)] == ["search", "search@2", "search@12"]
     assert pipeline(1) == STAGES  # one round: the pipeline as it always was
@@ -183,8 +183,8 @@ def test_train_iterate_must_be_a_trained_policy():
 
 def test_a_round_without_the_iterate_policy_stops_with_its_name(tmp_path):
     from pipelines.progress import Progress
+    from pipelines.rounds import make_iterate
     from pipelines.runner import RunError, StageContext
-    from pipelines.stages.rounds import make_iterate
 
     cfg = RunConfig.from_dict({"train": {"policies": ["rft", "dpo_step"]}})
     with Store(tmp_path / "store.duckdb") as store:

@@ -14,8 +14,8 @@ import pytest
 from offline_agent.evaluation import EvalConfig
 from offline_agent.types import Task
 from pipelines.cli import main
+from pipelines.report import build_report, write_report
 from pipelines.report_table import comparison_table
-from pipelines.stages.report import build_report, write_report
 from storage import (
     EvalEpisodeRow,
     ExampleRow,

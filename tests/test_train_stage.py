@@ -136,7 +136,7 @@ def test_adapter_folders_are_recorded_relative_to_the_run_dir(tiny_model_dir, tm
 
 
 def test_a_later_rounds_card_names_the_public_base_and_the_adapters_merged_into_it(tmp_path):
-    from pipelines.stages.rounds import ITERATE
+    from pipelines.rounds import ITERATE
     from pipelines.stages.train import provenance
 
     cfg = RunConfig.from_dict({"model": {"adapter": "/adapters/start"}})

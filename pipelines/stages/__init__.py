@@ -1,19 +1,19 @@
 """The pipeline, in order. Each stage: (name, config sections its results depend on, function).
 With run.iterations = N, rounds 2..N (search@k, mine@k, train@k, eval@k) follow round 1's
-eval; the report comes last (pipelines/stages/rounds.py). Each Stage carries its round, which
+eval; the report comes last (pipelines/rounds.py). Each Stage carries its round, which
 the stage function reads as ctx.round.
 
 Stage modules import heavy libraries (torch, transformers) inside their functions, so that
 `offline-agent status` and `--help` stay fast.
 """
 
+from pipelines.rounds import round_name
 from pipelines.runner import Stage
 from pipelines.stages.baseline import run_baseline
 from pipelines.stages.eval import run_eval
 from pipelines.stages.export import run_export
 from pipelines.stages.mine import run_mine
 from pipelines.stages.report import run_report
-from pipelines.stages.rounds import round_name
 from pipelines.stages.search import run_search
 from pipelines.stages.tasks import run_tasks
 from pipelines.stages.train import run_train

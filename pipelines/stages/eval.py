@@ -14,14 +14,18 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from offline_agent.evaluation import Episode, episode_row, greedy_episodes, summarize
+from offline_agent.evaluation import (
+    BASE,
+    MODE,
+    Episode,
+    episode_row,
+    greedy_episodes,
+    summarize,
+)
 from offline_agent.types import Trajectory
 from pipelines.config import make_env
+from pipelines.rounds import round_model, round_name
 from pipelines.runner import StageContext
-from pipelines.stages.rounds import round_model, round_name
-
-MODE = "greedy"
-BASE = "base"
 
 
 def eval_policies(store, run_dir: Path, r: int = 1) -> dict[str, str | None]:

@@ -8,7 +8,7 @@ transaction with the stage's done mark; `--force` after a change of `mine.*` re-
 the stored trees without searching again.
 
 Round k's mine stage reads only round k's trees and episodes: round 1's search and the
-greedy baseline, round k >= 2 its own search@k (pipelines/stages/rounds.py); its pair and
+greedy baseline, round k >= 2 its own search@k (pipelines/rounds.py); its pair and
 example ids start at (k - 1) * IDS_PER_ROUND.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 from offline_agent.mining.mine import MineInputs, mine
 from offline_agent.mining.pairs import step_params
 from pipelines.config import RunConfig, make_env
+from pipelines.rounds import round_name
 from pipelines.runner import StageContext
-from pipelines.stages.rounds import round_name
 from storage import IDS_PER_ROUND, Store, select_step_pairs
 
 

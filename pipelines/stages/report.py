@@ -1,27 +1,11 @@
-"""Stage `report` (and `offline-agent report RUN_DIR`): report/report.json and report/index.html
-from what the run stored, whatever stage it reached.
-
-Everything is recomputed from the store's rows (evaluation episodes, stage rows, metrics,
-counts), so a stopped run, a run without training or one evaluated only for base renders
-too: a missing part is an empty list or mapping, and the page says it is missing. The page
-is report_html.py's; the comparison table, which stdout and the page both show, is
-report_table.py's.
-"""
+"""Stage `report`: report/report.json and report/index.html (pipelines/report.py) from what
+the run stored; `offline-agent report RUN_DIR` re-renders them at any time."""
 
 from __future__ import annotations
 
-import json
-import os
-from datetime import datetime
-from pathlib import Path
-
-from offline_agent.evaluation import Episode, EvalConfig, compare, summarize
-from pipelines.report_html import render
+from pipelines.report import build_report, write_report
 from pipelines.report_table import comparison_table
 from pipelines.runner import StageContext
-from pipelines.stages.eval import BASE, MODE
-from pipelines.stages.rounds import round_name, trained_policies
-from storage import Store
 
 
 def run_report(ctx: StageContext) -> dict:
@@ -33,83 +17,3 @@ def run_report(ctx: StageContext) -> dict:
     with ctx.store.transaction():
         ctx.mark_done(stats)
     return stats
-
-
-def eval_config(store: Store) -> EvalConfig:
-    """The interval settings the run was last started with (defaults for older runs)."""
-    runs = store.runs()
-    return EvalConfig(**(runs[-1]["config"].get("eval", {}) if runs else {}))
-
-
-def build_report(store: Store, cfg: EvalConfig) -> dict:
-    runs = store.runs()
-    return {
-        "run_id": store.run_id,
-        "generated_at": datetime.now().astimezone().isoformat(timespec="seconds"),
-        "config": runs[-1]["config"] if runs else None,
-        "policies": policy_results(store, cfg),
-        "stages": stage_rows(store),
-        "data": {
-            "tasks": store.count_by("tasks", "split"),
-            "trajectories": store.count_by("trajectories", "source"),
-            "pairs": store.count_by("pairs", "kind"),
-            "examples": store.count_by("examples", "kind"),
-        },
-        "training": training_curves(store),
-    }
-
-
-def policy_results(store: Store, cfg: EvalConfig) -> list[dict]:
-    """One entry per evaluated (policy, mode): base first, then trained policies in the
-    order training finished them; each but base with its paired difference to base."""
-    runs: dict[tuple[str, str], list[Episode]] = {}
-    for row in store.eval_episodes():
-        runs.setdefault((row.policy, row.mode), []).append(Episode.from_row(row))
-    rank = {name: i for i, name in enumerate([BASE, *trained_policies(store)])}
-    order = sorted(runs, key=lambda k: (rank.get(k[0], len(rank)), k[0], k[1] != MODE, k[1]))
-    base = runs.get((BASE, MODE))
-    out = []
-    for policy, mode in order:
-        entry = {"policy": policy, "mode": mode, **summarize(runs[policy, mode], cfg)}
-        is_base = (policy, mode) == (BASE, MODE)
-        entry["delta_vs_base"] = (compare(runs[policy, mode], base, cfg)
-                                  if base and not is_base else None)
-        out.append(entry)
-    return out
-
-
-def stage_rows(store: Store) -> list[dict]:
-    """Each stage (and shard) with its status, seconds of its last attempt and stats."""
-    rows = []
-    for r in store.stages():
-        seconds = ((r["finished_at"] - r["started_at"]).total_seconds()
-                   if r["finished_at"] else None)
-        rows.append({"stage": r["stage"], "shard": r["shard"], "status": r["status"],
-                     "seconds": None if seconds is None else round(seconds, 1),
-                     "stats": r["stats"]})
-    return rows
-
-
-def training_curves(store: Store) -> dict[str, list[dict]]:
-    """{policy: [{"step": n, "loss": .., "margin": .., ...}]} from each round's train stage's
-    metrics (round k's policies named `<policy>@k`)."""
-    curves: dict[str, list[dict]] = {}
-    k = 1
-    while rows := store.metrics(round_name("train", k)):
-        for row in rows:
-            curves.setdefault(round_name(row.series, k), []).append(
-                {"step": row.step, **row.data})
-        k += 1
-    return curves
-
-
-def write_report(run_dir: Path, report: dict) -> Path:
-    """RUN_DIR/report/report.json and index.html, each replaced atomically; the page's path."""
-    out = Path(run_dir) / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("report.json", json.dumps(report, indent=1, default=str)),
-                       ("index.html", render(report))):
-        tmp = out / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
-    return out / "index.html"

@@ -21,8 +21,8 @@ from offline_agent.search.persist import (
     tree_row,
 )
 from pipelines.config import make_env
+from pipelines.rounds import make_iterate, round_model
 from pipelines.runner import StageContext
-from pipelines.stages.rounds import make_iterate, round_model
 from storage import Store
 
 

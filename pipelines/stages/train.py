@@ -4,7 +4,7 @@ Per policy: a finished one (checkpoint key "<policy>/final" in the store) is ski
 interrupted one resumes from the step checkpoint the store records under "<policy>". Every
 optimizer step's metrics land in the store's metrics table (series = policy) as it ends.
 Round k's train stage (train@k) trains on mine@k's data, on top of round k's model
-(pipelines/stages/rounds.py).
+(pipelines/rounds.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 from offline_agent.policy.models import copy_note, public_id
 from offline_agent.training.card import Provenance
 from pipelines.config import RunConfig
+from pipelines.rounds import ITERATE, round_model, round_name
 from pipelines.runner import StageContext
-from pipelines.stages.rounds import ITERATE, round_model, round_name
 from storage import MetricRow, Store
 
 # policy -> the pair kinds it trains on (rft trains on examples instead)
