@@ -203,12 +203,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"run directory: {args.run_dir}  (run id {store.run_id})")
         print("stages:")
         for row in store.stages():
-            shard = f" [{row['shard']}]" if row["shard"] else ""
-            took = (f"{(row['finished_at'] - row['started_at']).total_seconds():.1f}s"
-                    if row["finished_at"] else "")
+            shard = f" [{row.shard}]" if row.shard else ""
+            took = f"{row.seconds:.1f}s" if row.seconds is not None else ""
             # we hold the lock, so no process is running it: it was killed
-            status = "interrupted" if row["status"] == "running" else row["status"]
-            print(f"  {row['stage'] + shard:<22} {status:<11} {took:>8}  {row['stats'] or ''}")
+            status = "interrupted" if row.status == "running" else row.status
+            print(f"  {row.stage + shard:<22} {status:<11} {took:>8}  {row.stats or ''}")
         counts = store.counts()
         print("rows: " + ", ".join(f"{t} {counts[t]}" for t in
                                    ("tasks", "trees", "nodes", "trajectories", "pairs",

@@ -169,7 +169,8 @@ def export(store: Store, out: Path, tools: list[dict], config: dict,
            mine: str = "mine") -> dict[str, int]:
     """Write the pairs and examples of stage `mine` (a round's mine stage, round 1's by
     default) to the dataset folder `out`; rows per config."""
-    if store.stage(mine) is None or store.stage(mine)["status"] != "done":
+    row = store.stage(mine)
+    if row is None or row.status != "done":
         raise ExportError(f"nothing to export: the run has no finished `{mine}` stage yet")
     rows = config_rows(store, json.dumps(tools), config["mine"]["rft_hindsight"], mine)
     counts = {c: len(r) for c, r in rows.items()}

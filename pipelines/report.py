@@ -69,11 +69,9 @@ def stage_rows(store: Store) -> list[dict]:
     """Each stage (and shard) with its status, seconds of its last attempt and stats."""
     rows = []
     for r in store.stages():
-        seconds = ((r["finished_at"] - r["started_at"]).total_seconds()
-                   if r["finished_at"] else None)
-        rows.append({"stage": r["stage"], "shard": r["shard"], "status": r["status"],
-                     "seconds": None if seconds is None else round(seconds, 1),
-                     "stats": r["stats"]})
+        rows.append({"stage": r.stage, "shard": r.shard, "status": r.status,
+                     "seconds": None if r.seconds is None else round(r.seconds, 1),
+                     "stats": r.stats})
     return rows
 
 

@@ -86,8 +86,9 @@ def make_iterate(ctx: StageContext) -> dict:
     train = round_name("train", r - 1)
     final = store.checkpoint(train, "", f"{policy}/final")
     if final is None:
+        row = store.stage(train)
         raise RunError(f"round {r} starts from round {r - 1}'s {policy!r} policy, which stage "
-                       f"{train!r} has not trained (stats: {(store.stage(train) or {}).get('stats')}); "
+                       f"{train!r} has not trained (stats: {row.stats if row else None}); "
                        "set train.iterate to a policy it trained")
     out = ctx.checkpoint_dir / ITERATE
     tmp = ctx.checkpoint_dir / f".{ITERATE}.{os.getpid()}.tmp"

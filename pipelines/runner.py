@@ -137,12 +137,12 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
     shard = stage.shard(cfg)
     label = stage.name + (f" [shard {shard}]" if shard else "")
     row = store.stage(stage.name, shard)
-    if row and row["status"] == "done" and not redo:
-        print(f"stage {label}: already done (finished {row['finished_at']:%Y-%m-%d %H:%M:%S}), "
-              f"skipping; stats: {row['stats']}", flush=True)
-        return {"status": "skipped", "stats": row["stats"]}
+    if row and row.status == "done" and not redo:
+        print(f"stage {label}: already done (finished {row.finished_at:%Y-%m-%d %H:%M:%S}), "
+              f"skipping; stats: {row.stats}", flush=True)
+        return {"status": "skipped", "stats": row.stats}
     verb = ("running again: stages before it ran" if redo and row
-            else f"resuming after a {row['status']} attempt" if row else "running")
+            else f"resuming after a {row.status} attempt" if row else "running")
     print(f"stage {label}: {verb}", flush=True)
     store.start_stage(stage.name, shard, cfg.hash(stage.sections), cfg.hashed(stage.sections))
     progress.start(stage.name, shard)
@@ -155,7 +155,7 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
         progress.status("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
         raise
     seconds = time.perf_counter() - start
-    if store.stage(stage.name, shard)["status"] != "done":
+    if store.stage(stage.name, shard).status != "done":
         store.fail_stage(stage.name, shard, "returned without ctx.mark_done(stats)")
         raise RuntimeError(f"stage {stage.name!r} returned without calling ctx.mark_done(stats) "
                            "in the transaction of its last outputs")
@@ -191,7 +191,7 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
     for stage in stages:
         current = cfg.hash(stage.sections)
         rows = [r for r in store.stages(stage.name)
-                if r["config_hash"] != current and _changed(r["config"], cfg, stage)]
+                if r.config_hash != current and _changed(r.config, cfg, stage)]
         if rows:
             stale.append((stage, rows[-1]))
     if not stale:
@@ -199,8 +199,8 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
     if not force:
         lines = [f"{run_dir} holds results made under a different config:"]
         for stage, row in stale:
-            lines.append(f"  stage {stage.name!r} ({row['status']}):")
-            changes = diff(_fill(row["config"] or {}, RunConfig().hashed(stage.sections)),
+            lines.append(f"  stage {stage.name!r} ({row.status}):")
+            changes = diff(_fill(row.config or {}, RunConfig().hashed(stage.sections)),
                            cfg.hashed(stage.sections))
             lines += [f"    {c}" for c in changes] or ["    (stage sections changed)"]
         lines.append("Rerun with --force to discard those results and recompute them, "
@@ -219,6 +219,6 @@ def _check_inputs(stages: Sequence[Stage], only: str, store: Store) -> None:
     for stage in stages:
         if stage.name == only:
             return
-        if not any(r["status"] == "done" for r in store.stages(stage.name)):
+        if not any(r.status == "done" for r in store.stages(stage.name)):
             raise RunError(f"--only {only}: stage {stage.name!r} has not finished in this run "
                            f"directory; run with --until {only} instead")

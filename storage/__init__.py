@@ -21,6 +21,7 @@ from storage.rows import (
     NodeRow,
     NodeVisits,
     PairRow,
+    StageRow,
     TrajectoryRow,
     TreeRow,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "NodeRow",
     "NodeVisits",
     "PairRow",
+    "StageRow",
     "Store",
     "StoreError",
     "StoreInUse",

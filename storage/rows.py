@@ -1,4 +1,5 @@
-"""One row dataclass per table that stages write: what the Store's methods take and return.
+"""One row dataclass per table that stages write: what the Store's methods take and return;
+and StageRow, a stages row as the Store reads it back for the runner, CLI and report.
 
 Fields are the table's columns (storage/schema.py BASELINE) minus those the database or the
 Store fills: `stage` (the writing stage, given to each insert) and the timestamps. A field is
@@ -11,6 +12,7 @@ inserts what the database would have filled in. JSON columns hold plain Python v
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
 R = TypeVar("R", bound="Row")
@@ -153,6 +155,28 @@ class EvalEpisodeRow(Row):
     steps: list[dict]  # offline_agent.types.step_to_dict of each step
     reward: float
     success: bool
+
+
+@dataclass(frozen=True)
+class StageRow(Row):
+    """A stage's (and shard's) last attempt, as the runner records it (Store.start_stage,
+    mark_stage_done, fail_stage); read-only, so unlike the rows above it has every column."""
+
+    TABLE: ClassVar[str] = "stages"
+    stage: str
+    shard: str  # '' for unsharded stages, else 'i/n'
+    status: str  # running | done | failed
+    config_hash: str
+    config: dict  # the config sections the hash covers, for diffs
+    stats: dict | None
+    started_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def seconds(self) -> float | None:
+        """How long the last attempt took; None while it has not finished."""
+        return ((self.finished_at - self.started_at).total_seconds()
+                if self.finished_at else None)
 
 
 ROWS: tuple[type[Row], ...] = (TreeRow, NodeRow, TrajectoryRow, PairRow, ExampleRow, MetricRow,

@@ -36,6 +36,7 @@ from storage.rows import (
     NodeVisits,
     PairRow,
     Row,
+    StageRow,
     TrajectoryRow,
     TreeRow,
 )
@@ -318,14 +319,14 @@ class Store:
         return self._select("runs", "SELECT * FROM runs ORDER BY created_at")
 
     # ---- stages and checkpoints ------------------------------------------------------------
-    def stages(self, stage: str | None = None) -> list[dict]:
+    def stages(self, stage: str | None = None) -> list[StageRow]:
         """Stage rows (all shards), oldest first; only `stage`'s when given."""
         clause, params = _where(stage=stage)
-        return self._select("stages", f"SELECT * FROM stages {clause} ORDER BY started_at", params)
+        return self._read(StageRow, f"SELECT * FROM stages {clause} ORDER BY started_at", params)
 
-    def stage(self, stage: str, shard: str = "") -> dict | None:
+    def stage(self, stage: str, shard: str = "") -> StageRow | None:
         clause, params = _where(stage=stage, shard=shard)
-        rows = self._select("stages", f"SELECT * FROM stages {clause}", params)
+        rows = self._read(StageRow, f"SELECT * FROM stages {clause}", params)
         return rows[0] if rows else None
 
     def start_stage(self, stage: str, shard: str, config_hash: str, config: dict) -> None:

@@ -152,7 +152,7 @@ def test_merge_of_shards_equals_unsharded_run(tmp_path, config, finished, capsys
     # stages that need every shard's trees wait for the merge
     assert "stage mine: needs every shard's results; skipped" in capsys.readouterr().out
     with Store(a / "store.duckdb", read_only=True) as s:
-        assert s.stage("mine") is None and s.stage("search", "0/2")["status"] == "done"
+        assert s.stage("mine") is None and s.stage("search", "0/2").status == "done"
     out = tmp_path / "merged"
     assert main(["merge", str(out), str(a), str(b)]) == 0
     assert "trees 4" in capsys.readouterr().out

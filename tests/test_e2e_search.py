@@ -41,7 +41,7 @@ def test_search_with_embedded_model(tmp_path):
         nodes = [n for t in s.trees() for n in s.load_tree(t.tree_id)]
         (task,) = s.tasks("train")
         rollouts = s.trajectories("mcts_rollout")
-        stats = s.stage("search", "0/1")["stats"]
+        stats = s.stage("search", "0/1").stats
     children = [n for n in nodes if n.parent_id is not None]
     assert children and all(n.action for n in children)
     # the real model writes parseable actions at least sometimes

@@ -66,7 +66,7 @@ def two_rounds(tmp_path_factory, tiny_model_dir):
             run(two, run_dir, stages(2))
     with Store(run_dir / "store.duckdb") as store:
         crashed = {"iterate": store.checkpoint("search@2", "", "iterate"),
-                   "status": store.stage("search@2")["status"]}
+                   "status": store.stage("search@2").status}
     resumed = run(two, run_dir, stages(2))
     again = run(two, run_dir, stages(2))
     return run_dir, before, crashed, resumed, again

@@ -37,7 +37,7 @@ def stored(store: Store) -> dict:
     return {"tasks": store.tasks(), "trees": trees,
             "nodes": [n for t in trees for n in store.load_tree(t.tree_id)],
             "trajectories": store.trajectories(), "pairs": store.pairs(),
-            "examples": store.examples(), "mine": store.stage("mine")["stats"]}
+            "examples": store.examples(), "mine": store.stage("mine").stats}
 
 
 def test_a_store_from_572c828_opens_resumes_and_remines_identically(tmp_path, capsys):

@@ -49,8 +49,8 @@ def test_tasks_stage_stores_tasks_and_skips_on_rerun(tmp_path, capsys):
         assert [t.id for t in s.tasks("train")] == [f"t-train-7-{i}" for i in range(3)]
         assert [t.data for t in s.tasks("test")] == [{"i": 0}, {"i": 1}]
         (row,) = s.stages()
-        assert row["status"] == "done" and row["config_hash"] == cfg.hash(["run", "env"])
-        assert row["finished_at"] >= row["started_at"]
+        assert row.status == "done" and row.config_hash == cfg.hash(["run", "env"])
+        assert row.finished_at >= row.started_at and row.seconds >= 0
         assert s.runs()[0]["config"] == cfg.to_dict()
     assert RunConfig.from_dict(yaml.safe_load((tmp_path / "config.yaml").read_text())) == cfg
     progress = json.loads((tmp_path / "progress.json").read_text())
@@ -80,8 +80,8 @@ def test_failure_is_recorded_and_resumed(tmp_path, capsys):
     with pytest.raises(RuntimeError, match="b broke"):
         run(cfg, tmp_path, counting_stages(calls, fail={"b"}))
     with Store(tmp_path / "store.duckdb", read_only=True) as s:
-        assert s.stage("b")["status"] == "failed"
-        assert s.stage("b")["stats"] == {"error": "RuntimeError: b broke"}
+        assert s.stage("b").status == "failed"
+        assert s.stage("b").stats == {"error": "RuntimeError: b broke"}
     assert json.loads((tmp_path / "progress.json").read_text())["status"] == "failed"
     out = run(cfg, tmp_path, counting_stages(calls))
     assert calls == ["b", "b", "c"]
@@ -100,7 +100,7 @@ def test_until_only_and_shards(tmp_path):
     run(fake_cfg("search.shard=1/2"), tmp_path, counting_stages(calls), only="c")
     assert calls == ["b", "c", "c"]  # another shard is other work
     with Store(tmp_path / "store.duckdb", read_only=True) as s:
-        assert {r["shard"] for r in s.stages("c")} == {"0/1", "1/2"}
+        assert {r.shard for r in s.stages("c")} == {"0/1", "1/2"}
     with pytest.raises(RunError, match="unknown stage 'd'; stages: tasks, b, c"):
         run(cfg, tmp_path, counting_stages(calls), until="d")
     with pytest.raises(RunError, match="--until or --only"):
@@ -121,7 +121,7 @@ def test_force_clears_every_stage_whose_sections_changed(tmp_path):
     run(fake_cfg("search.k=2"), tmp_path, counting_stages(calls), force=True)
     assert calls == ["b", "c", "b", "c"]
     with Store(tmp_path / "store.duckdb", read_only=True) as s:
-        assert s.stage("tasks")["stats"]["train"] == 3  # untouched
+        assert s.stage("tasks").stats["train"] == 3  # untouched
         assert s.checkpoint("b", "", "ran") is True
 
 
@@ -142,7 +142,7 @@ def test_outputs_and_done_mark_commit_together(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run(fake_cfg(), tmp_path, [Stage("tasks", (), crashes)])
     with Store(tmp_path / "store.duckdb", read_only=True) as s:
-        assert s.tasks() == [] and s.stage("tasks")["status"] == "failed"
+        assert s.tasks() == [] and s.stage("tasks").status == "failed"
     assert json.loads((tmp_path / "progress.json").read_text())["status"] == "interrupted"
 
 

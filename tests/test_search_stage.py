@@ -66,7 +66,7 @@ def test_search_stage_stores_trees_and_reruns_as_noop(tmp_path, tiny_model_dir):
     config = write_config(tmp_path, tiny_model_dir, trees=3, sims=3)
     assert run_search(config, tmp_path / "r") == 0
     snap = snapshot(tmp_path / "r")
-    assert snap["stage"]["status"] == "done"
+    assert snap["stage"].status == "done"
     assert snap["trees"] == {0: 3, 1: 3, 2: 3}
     assert len(snap["trajs"]) == 9
     # every root's visits equal the tree's simulations; children's visits sum to at most that
@@ -111,11 +111,11 @@ def test_sigkill_mid_search_then_resume_matches_uninterrupted(tmp_path, tiny_mod
     done_before = sum(before["trees"].values())
     assert 0 < done_before < trees * sims, before["trees"]
     assert len(before["trajs"]) == done_before  # the 2 commits, whole
-    assert before["stage"]["status"] == "running"
+    assert before["stage"].status == "running"
 
     assert run_search(config, killed_dir) == 0  # resume, in this process
     after = snapshot(killed_dir)
-    assert after["stage"]["status"] == "done"
+    assert after["stage"].status == "done"
     assert set(after["trees"].values()) == {sims}
     assert len(after["trajs"]) == trees * sims  # none lost, none duplicated
     for tid, row in before["trajs"].items():  # committed rows survive unchanged

@@ -17,6 +17,7 @@ from storage import (
     MergeConflict,
     NodeRow,
     NodeVisits,
+    StageRow,
     Store,
     StoreError,
     StoreInUse,
@@ -153,6 +154,21 @@ def test_row_types_are_the_tables_columns(tmp_path):
                 assert shown == default, (cls.__name__, name, value, default)
 
 
+def test_a_stage_row_has_every_column_of_stages(tmp_path):
+    """StageRow, which only the Store builds, has all of the table's columns in their order."""
+    Store(tmp_path / "s.duckdb").close()
+    names = [c[0] for c in columns(tmp_path / "s.duckdb")["stages"] if c[0] != "PRIMARY KEY"]
+    assert [f.name for f in dataclasses.fields(StageRow)] == names
+    with Store(tmp_path / "s.duckdb") as s:
+        s.start_stage("tasks", "", "h", {"env": {}})
+        assert s.stage("tasks").seconds is None
+        s.mark_stage_done("tasks", "", {"train": 1})
+        (row,) = s.stages()
+    assert (row.stage, row.status, row.config, row.stats) == ("tasks", "done", {"env": {}},
+                                                             {"train": 1})
+    assert row.seconds == (row.finished_at - row.started_at).total_seconds() >= 0
+
+
 @pytest.mark.parametrize("version", [1, 4, 6])
 def test_a_store_that_still_holds_pickles_is_refused_at_open_unchanged(tmp_path, version):
     """No pickle path is left: a store whose nodes hold pickled snapshots (env_snapshot before
@@ -231,11 +247,11 @@ def test_transaction_is_all_or_nothing(tmp_path):
             s.insert_nodes(nodes(0, 3))
             s.mark_stage_done("search", "", {"n": 3})
             raise RuntimeError("boom")
-        assert s.load_tree(0) == [] and s.stage("search")["status"] == "running"
+        assert s.load_tree(0) == [] and s.stage("search").status == "running"
         with s.transaction():
             s.insert_nodes(nodes(0, 3))
             s.mark_stage_done("search", "", {"n": 3})
-        assert len(s.load_tree(0)) == 3 and s.stage("search")["stats"] == {"n": 3}
+        assert len(s.load_tree(0)) == 3 and s.stage("search").stats == {"n": 3}
 
 
 def test_trees_upsert_tasks_checkpoints(tmp_path):
@@ -265,7 +281,7 @@ def test_clear_stage_removes_only_its_rows(tmp_path):
         assert deleted["nodes"] == 6 and deleted["trees"] == 2 and deleted["trajectories"] == 2
         counts = s.counts()
         assert counts["tasks"] == 2 and counts["nodes"] == counts["trees"] == 0
-        assert counts["checkpoints"] == 0 and s.stage("tasks")["status"] == "done"
+        assert counts["checkpoints"] == 0 and s.stage("tasks").status == "done"
         assert s.stage("search", "0/1") is None
 
 
