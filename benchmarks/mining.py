@@ -13,14 +13,9 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-# Run as a script, this file's folder comes first on sys.path and its name shadows the
-# `storage` package; drop the folder.
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from offline_agent.mining.config import MineConfig  # noqa: E402
 from offline_agent.mining.pairs import step_pairs, step_params  # noqa: E402

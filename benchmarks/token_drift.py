@@ -24,14 +24,8 @@ lists MiniShop's clickable actions) were never generated and are counted apart.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from collections import Counter, defaultdict
-from pathlib import Path
-
-# Run as a script, this file's folder comes first on sys.path and its name shadows the
-# `storage` package; drop the folder.
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import offline_agent.policy as policies  # noqa: E402
 from offline_agent.chat import encode_prompt_completion, mask_runs, render_prompt  # noqa: E402

@@ -5,7 +5,7 @@ Search commits a batch of new nodes and visit/value updates after every tick; th
 cost of that commit. The naive baseline writes SQL directly on purpose: it is what the
 Store exists to avoid.
 
-    .venv/bin/python benchmarks/storage.py [--rows 20000] [--batch 500]
+    .venv/bin/python benchmarks/store_writes.py [--rows 20000] [--batch 500]
 """
 
 from __future__ import annotations
@@ -14,14 +14,9 @@ import argparse
 import json
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-# Run as a script, this file's folder comes first on sys.path and its name shadows the
-# `storage` package; drop the folder.
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import duckdb  # noqa: E402
 
