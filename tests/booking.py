@@ -185,7 +185,7 @@ class Booking(Env):
         self.state = {**self.state, "booking": booking, "finished": True}
         parts = score(self.task.data, booking)
         return StepResult(f"Booked {rid} {r['name']} for {people} on {day} at {time}.",
-                          reward=sum(parts.values()) / len(parts), done=True,
+                          reward=reward(parts), done=True,
                           info={"parts": parts})
 
     def available_actions(self) -> list[str]:
@@ -219,14 +219,18 @@ class Booking(Env):
 
 
 def score(goal: dict, booking: dict) -> dict[str, float]:
-    """Which parts of the booking match the task: 1 each; reward is their mean, so only a
-    booking right in every part earns 1 (right restaurant, wrong time: 0.8)."""
+    """Which parts of the booking match the task, 1 each. The reward is their mean where the
+    restaurant is right (cuisine and area; wrong time: 0.75) and 0 where it is not, so a
+    guessed id earns nothing however right its day, time and party size."""
     r = catalogue()[booking["id"]]
-    return {"cuisine": float(r["cuisine"] == goal["cuisine"]),
-            "area": float(r["area"] == goal["area"]),
+    return {"restaurant": float((r["cuisine"], r["area"]) == (goal["cuisine"], goal["area"])),
             "day": float(booking["day"] == goal["day"]),
             "time": float(booking["time"] == goal["time"]),
             "people": float(booking["people"] == goal["people"])}
+
+
+def reward(parts: dict[str, float]) -> float:
+    return sum(parts.values()) / len(parts) if parts["restaurant"] else 0.0
 
 
 def _pick(value: str, allowed: list[str], what: str) -> str:
@@ -238,6 +242,5 @@ def _pick(value: str, allowed: list[str], what: str) -> str:
 def _restaurant(rid: str) -> str:
     rid = rid.upper()
     if rid not in catalogue():
-        raise ActionError(f'no restaurant {rid[:20]!r}; find(cuisine="thai", area="north") '
-                          "lists ids")
+        raise ActionError(f"no restaurant {rid[:20]!r}; find lists the ids of a cuisine and area")
     return rid

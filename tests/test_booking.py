@@ -49,8 +49,13 @@ def test_a_partly_right_booking_gets_partial_credit():
     task = env.demo_episode()[0]
     env.reset(task)  # right restaurant, right day, wrong time (R012 also takes 20:00)
     _, result = env.act('book(id="R012", day="friday", time="20:00", people=2)')
-    assert result.done and not result.invalid and result.reward == 0.8
+    assert result.done and not result.invalid and result.reward == 0.75
     env.reset(task)  # wrong time and party size
-    assert env.act('book(id="R012", day="friday", time="20:00", people=3)')[1].reward == 0.6
+    assert env.act('book(id="R012", day="friday", time="20:00", people=3)')[1].reward == 0.5
+    other = next(rid for rid, r in catalogue().items() if r["cuisine"] != "thai"
+                 and "friday" in r["days"] and "19:00" in r["times"])
+    env.reset(task)  # a wrong restaurant earns nothing, even at the right slot
+    _, result = env.act(f'book(id="{other}", day="friday", time="19:00", people=2)')
+    assert result.done and not result.invalid and result.reward == 0.0
     env.reset(task)
     assert env.act("done()")[1].reward == 0.0 and env.achieved_task() is None
