@@ -9,23 +9,35 @@ One process, one copy of the embedded model, two policies on it (constrain none 
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/constrained.py
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/constrained.py --tasks 20 --search-tasks 4
+
+`--envs` takes built-in names or a third-party env's import path `package.module:Class`
+(importable from where you run), e.g. the booking env of the test suite:
+
+    PYTHONPATH=. OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/constrained.py \
+        --envs tests.booking:Booking --speed-env tests.booking:Booking --tasks 50 --search-tasks 12
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
-from offline_agent.chat import history_messages, render_prompt
-from offline_agent.envs.base import load_env
-from offline_agent.evaluation import Episode, rates
-from offline_agent.policy import DEFAULT_MODEL, load_policy
-from offline_agent.policy.hf import HFPolicy
-from offline_agent.rollout import action_sampling, run_episodes
-from offline_agent.search.config import SearchConfig
-from offline_agent.search.critic import Critic
-from offline_agent.search.mcts import Tree
-from offline_agent.search.searcher import Searcher
+# Run as a script, this file's folder comes first on sys.path and its name shadows the
+# `storage` package (which offline_agent.evaluation imports); drop the folder.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from offline_agent.chat import history_messages, render_prompt  # noqa: E402
+from offline_agent.envs.base import load_env  # noqa: E402
+from offline_agent.evaluation import Episode, rates  # noqa: E402
+from offline_agent.policy import DEFAULT_MODEL, load_policy  # noqa: E402
+from offline_agent.policy.hf import HFPolicy  # noqa: E402
+from offline_agent.rollout import action_sampling, run_episodes  # noqa: E402
+from offline_agent.search.config import SearchConfig  # noqa: E402
+from offline_agent.search.critic import Critic  # noqa: E402
+from offline_agent.search.mcts import Tree  # noqa: E402
+from offline_agent.search.searcher import Searcher  # noqa: E402
 
 
 def greedy_table(policies: dict, envs: list[str], tasks: dict[str, int], max_steps: int) -> None:
@@ -102,11 +114,13 @@ def search_vs_greedy(policy, envs: list[str], first: int, n: int, cfg: SearchCon
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--envs", nargs="+", default=["minishop", "math", "python"])
+    ap.add_argument("--envs", nargs="+", default=["minishop", "math", "python"],
+                    help="built-in names or import paths package.module:Class")
     ap.add_argument("--tasks", type=int, default=100, help="greedy test tasks per env")
     ap.add_argument("--python-tasks", type=int, default=None,
                     help="test tasks for python (its replies are long); default --tasks")
     ap.add_argument("--max-steps", type=int, default=8)
+    ap.add_argument("--speed-env", default="minishop", help="the env of the decode-speed part")
     ap.add_argument("--speed-prompts", type=int, default=16)
     ap.add_argument("--speed-samples", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
@@ -127,7 +141,7 @@ def main() -> None:
     if "greedy" not in args.skip:
         greedy_table({m: policies[m] for m in args.modes}, args.envs, tasks, args.max_steps)
     if "speed" not in args.skip:
-        decode_speed(policies, "minishop", args.speed_prompts, args.speed_samples, args.repeats)
+        decode_speed(policies, args.speed_env, args.speed_prompts, args.speed_samples, args.repeats)
     if "search" not in args.skip:
         cfg = SearchConfig(simulations=args.simulations, k=3, max_depth=args.max_steps)
         search_vs_greedy(policies["tools"], args.envs, args.search_first, args.search_tasks, cfg,
