@@ -20,13 +20,7 @@ One process, one copy of the embedded model, two policies on it (constrain none 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
-
-# Run as a script, this file's folder comes first on sys.path and its name shadows the
-# `storage` package (which offline_agent.evaluation imports); drop the folder.
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from offline_agent.chat import history_messages, render_prompt  # noqa: E402
 from offline_agent.envs.base import load_env  # noqa: E402
