@@ -78,7 +78,7 @@ def _minishop_script(env) -> list[str]:
 
 
 def _sample_at(policy, env: Env, states: list[bytes], per_state: int, seed: int):
-    """Replies sampled at temperature 1 at each state, with the state's action_tools."""
+    """Replies sampled at temperature 1 at each state, with the state's call_tools."""
     from offline_agent.chat import history_messages, render_prompt
 
     prompts, tools = [], []
@@ -87,7 +87,7 @@ def _sample_at(policy, env: Env, states: list[bytes], per_state: int, seed: int)
         messages = history_messages(env.system_prompt(), env.task.instruction, "start", [],
                                     env.demonstration())
         prompts.append(render_prompt(policy.tokenizer, messages))
-        tools.append(env.action_tools())
+        tools.append(env.call_tools())
     sampling = action_sampling(env, 1.0, seed, tools)
     return policy.sample(prompts, per_state, sampling)
 
