@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from offline_agent.chat import history_messages, render_prompt
-from offline_agent.envs.base import Env
+from offline_agent.envs.base import ActionError, Env, validate_call
 from offline_agent.envs.parser import parse_form
 from offline_agent.policy.constrained import import_xgrammar
 from offline_agent.policy.grammar import tool_call_grammar
 from offline_agent.policy.models import DEFAULT_MODEL, resolve_model
+from offline_agent.types import ToolCall
 
 from .outcome import CheckFailed, CheckSkipped
 
@@ -51,7 +52,8 @@ def check_demo_grammar(make_env: Callable[[], Env]) -> str:
 def check_constrained_sampling(make_env: Callable[[], Env], samples: int = 32,
                                seed: int = 0) -> str:
     """`samples` replies of a tiny random model under the grammar, at the start state and
-    after each demonstration action: every one parses, in its tool's form."""
+    after each demonstration action: every one parses, in its tool's form, into a valid call
+    of the state's `action_tools()`."""
     _xgrammar()
     from offline_agent.policy.hf import HFPolicy
     from offline_agent.rollout import action_sampling
@@ -61,19 +63,33 @@ def check_constrained_sampling(make_env: Callable[[], Env], samples: int = 32,
     env = make_env()
     prompts, tools = _states(env, policy.tokenizer)
     per_state = -(-samples // len(prompts))
-    out = policy.sample(prompts, per_state, action_sampling(env, 1.0, seed, tools))
+    try:
+        out = policy.sample(prompts, per_state, action_sampling(env, 1.0, seed, tools))
+    except ValueError as e:  # the grammar cannot be built: a budget too small, a bad schema
+        raise CheckFailed(str(e)) from None
     syntax = env.tool_syntax()
-    for completion in (c for cs in out for c in cs):
+    for completion, state_tools in ((c, t) for cs, t in zip(out, tools) for c in cs):
         try:
             call, form = parse_form(completion.text, env.tools)
+            validate_call(call, state_tools)
+            _check_enums(call, state_tools)
         except Exception as e:  # noqa: BLE001 - ActionError or worse: the check's finding
-            raise CheckFailed(f"a constrained reply does not parse: {completion.text[:60]!r} "
-                              f"({e})") from None
+            raise CheckFailed(f"a constrained reply is not a valid call of its state's tools: "
+                              f"{completion.text[:60]!r} ({e})") from None
         if form != syntax[call.name]:
             raise CheckFailed(f"a constrained reply {completion.text[:60]!r} is in {form} "
                               f"form, not the {syntax[call.name]} form of {call.name}")
     n = sum(len(cs) for cs in out)
-    return f"{n} sampled replies at {len(prompts)} states parse, each in its tool's form"
+    return f"{n} sampled replies at {len(prompts)} states are valid calls, each in its tool's form"
+
+
+def _check_enums(call: ToolCall, tools: list[dict]) -> None:
+    """validate_call checks types; a state's narrowed `enum`s are checked here."""
+    spec = next(t["function"] for t in tools if t["function"]["name"] == call.name)
+    for key, value in call.arguments.items():
+        allowed = spec["parameters"]["properties"][key].get("enum")
+        if allowed is not None and value not in allowed:
+            raise ActionError(f"{call.name}.{key} = {value!r} is not one of the state's {allowed}")
 
 
 def _states(env: Env, tokenizer) -> tuple[list[str], list[list[dict]]]:
