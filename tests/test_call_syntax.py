@@ -164,6 +164,29 @@ def test_the_demonstrations_actions_are_sentences_of_the_grammar(name):
     assert "are sentences of the grammar" in check_demo_grammar(make_env)
 
 
+@pytest.mark.parametrize("form, actions", [
+    ("call", ['find(cuisine="thai",area="north")', 'open(id="R012")',
+              'book(id="R012",day="friday",time="19:00",people=2)']),
+    ("json", ['{"name": "find", "arguments": {"cuisine": "thai", "area": "north"}}',
+              '{"name": "open", "arguments": {"id": "R012"}}',
+              '{"name": "book", "arguments": {"id": "R012", "day": "friday", "time": "19:00", '
+              '"people": 2}}']),
+    ("tag", ['<tool_call>{"name": "find", "arguments": {"cuisine": "thai", "area": "north"}}'
+             '</tool_call>', '<tool_call>{"name": "open", "arguments": {"id": "R012"}}</tool_call>',
+             '<tool_call>{"name": "book", "arguments": {"id": "R012", "day": "friday", '
+             '"time": "19:00", "people": 2}}</tool_call>']),
+])
+def test_each_demonstrated_form_is_detected_and_accepted(form, actions):
+    class Shown(Reservations):
+        max_action_tokens = 128  # JSON's fixed text is long
+
+        def demo_episode(self):
+            return self.tasks("train", 1)[0], actions
+
+    assert set(Shown().tool_syntax().values()) == {form}
+    assert "are sentences of the grammar" in check_demo_grammar(Shown)
+
+
 @pytest.mark.parametrize("key", sorted(json.loads(GOLDEN.read_text())))
 def test_builtin_grammars_are_unchanged(key):
     """The grammars of MiniShop, math and Python, as captured before call syntax existed:

@@ -137,7 +137,8 @@ def _finish(schema: dict, form: str) -> int:
 
 def _keyed_call(spec: dict, rule: str, rules: list[str], form: str) -> tuple[str, int, int]:
     """`name(key="v", n=2)`, `{"name": "x", "arguments": {...}}` or the same JSON in
-    `<tool_call>` tags: required keys in schema order, optional ones may be left out."""
+    `<tool_call>` tags: required keys in schema order, optional ones may be left out; members
+    separated by `, ` or `,` (as a demonstration may write them)."""
     params = spec.get("parameters", {})
     props, required = params.get("properties", {}), set(params.get("required", []))
     name = spec["name"]
@@ -153,7 +154,7 @@ def _keyed_call(spec: dict, rule: str, rules: list[str], form: str) -> tuple[str
     for j in reversed(range(len(keys))):
         value = _value(props[keys[j]], f"{rule}v{j}", rules, form)
         member = f"{_lit(key_text.format(keys[j]))} {value}"
-        first, more = f"{member} {rule}o{j + 1}m", f"{_lit(', ')} {member} {rule}o{j + 1}m"
+        first, more = f"{member} {rule}o{j + 1}m", f'"," " "? {member} {rule}o{j + 1}m'
         if keys[j] not in required:
             first, more = f"{first} | {rule}o{j + 1}f", f"{more} | {rule}o{j + 1}m"
         rules += [f"{rule}o{j}f ::= {first}", f"{rule}o{j}m ::= {more}"]
