@@ -27,7 +27,7 @@ def make_step(text: str, call: ToolCall | None, result: StepResult,
 def action_sampling(env: Env, temperature: float, seed: int | list[int] | None,
                     tools: list[list[dict]] | None = None) -> Sampling:
     """One reply is one action: the env says where to cut it and how long it may be; `tools`
-    (each prompt's `Env.action_tools()`) are what a constrained policy makes it call."""
+    (each prompt's `Env.call_tools()`) are what a constrained policy makes it call."""
     return Sampling(max_new_tokens=env.max_action_tokens, temperature=temperature,
                     stop=list(env.stop), seed=seed, tools=tools)
 
@@ -67,7 +67,7 @@ def run_episodes(
             ]
             sampling = action_sampling(envs[chunk[0]], temperature,
                                        [stable_seed(seed, tasks[i].id, turn) for i in active],
-                                       [envs[i].action_tools() for i in active])
+                                       [envs[i].call_tools() for i in active])
             completions = policy.sample(prompts, 1, sampling)
             for i, (completion,) in zip(active, completions):
                 call, result = envs[i].act(completion.text)

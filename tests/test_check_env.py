@@ -43,14 +43,14 @@ def _table(capsys) -> dict[str, str]:
 def test_builtin_envs_pass(name, capsys):
     assert main(["check-env", name]) == 0
     table = _table(capsys)
-    assert len(table) == 6 and "FAIL" not in table.values()
+    assert len(table) == 8 and "FAIL" not in table.values()
     assert table["demonstration"] == "pass"
     assert table["hindsight"] == ("pass" if name == "minishop" else "skip")
 
 
 def test_python_env_passes_with_the_real_sandbox():
     results = check_env(lambda: load_env("python"), n_fuzz=40)
-    assert [r.ok for r in results] == [True, True, True, True, None, True], results
+    assert [r.ok for r in results] == [True, True, True, True, None, True, True, True], results
 
 
 def test_the_guides_example_env_passes(lamps, capsys):
@@ -128,7 +128,19 @@ def _broken(lamps):
         def demo_episode(self):
             return None
 
+    class RefusedDemo(Lamps):
+        call_syntax = {"toggle": "call"}  # the demonstration writes toggle[...]
+
+    class BracketInEnum(Lamps):
+        def action_tools(self):  # bracket text ends at the value's own `]`: "red" comes back
+            toggle = self.tools[0]["function"]
+            lamp = {**toggle["parameters"]["properties"]["lamp"], "enum": ["red]x"]}
+            params = {**toggle["parameters"], "properties": {"lamp": lamp}}
+            return [{"type": "function", "function": {**toggle, "parameters": params}}]
+
     return {
+        "demonstration in grammar": [RefusedDemo],
+        "constrained sampling": [BracketInEnum],
         "tasks": [UnseededTasks, SharedSplits],
         "tool schemas": [UntypedTool],
         "snapshot/restore": [ForgetfulRestore],
@@ -139,7 +151,8 @@ def _broken(lamps):
 
 
 @pytest.mark.parametrize("check", ["tasks", "tool schemas", "snapshot/restore", "fuzzed text",
-                                   "hindsight", "demonstration"])
+                                   "hindsight", "demonstration", "demonstration in grammar",
+                                   "constrained sampling"])
 def test_broken_envs_fail_the_check_they_break(check, lamps, capsys):
     for cls in _broken(lamps)[check]:
         setattr(lamps, cls.__name__, cls)  # importable as lamps_guide:<name>

@@ -78,7 +78,7 @@ def _minishop_script(env) -> list[str]:
 
 
 def _sample_at(policy, env: Env, states: list[bytes], per_state: int, seed: int):
-    """Replies sampled at temperature 1 at each state, with the state's action_tools."""
+    """Replies sampled at temperature 1 at each state, with the state's call_tools."""
     from offline_agent.chat import history_messages, render_prompt
 
     prompts, tools = [], []
@@ -87,7 +87,7 @@ def _sample_at(policy, env: Env, states: list[bytes], per_state: int, seed: int)
         messages = history_messages(env.system_prompt(), env.task.instruction, "start", [],
                                     env.demonstration())
         prompts.append(render_prompt(policy.tokenizer, messages))
-        tools.append(env.action_tools())
+        tools.append(env.call_tools())
     sampling = action_sampling(env, 1.0, seed, tools)
     return policy.sample(prompts, per_state, sampling)
 
@@ -133,14 +133,22 @@ def test_a_model_that_ends_its_turn_inside_a_call_gets_the_call_closed(tiny_mode
         assert len(c.token_ids) < 40, c.text
 
 
-def test_toy_env_uses_json_with_schema_types(policy):
+@pytest.mark.parametrize("form", ["call", "json"])
+def test_toy_env_calls_book_in_its_form_with_schema_types(policy, form):
+    """Without a demonstration a tool of several parameters gets call syntax (issue 20; JSON
+    before it), and JSON where the env's call_syntax names it."""
     env = Bookings()
+    if form == "json":
+        env.call_syntax = {"book": "json"}
     out = _sample_at(policy, env, _states(env, []), 60, seed=3)
     calls = [parse_action(c.text, env.tools) for c in out[0]]
     assert {c.name for c in calls} >= {"find", "book", "tip", "done"}
     for c, text in zip(calls, (c.text for c in out[0])):
         if c.name == "book":
-            assert text.startswith("{") and json.loads(text)["name"] == "book"
+            if form == "json":
+                assert text.startswith("{") and json.loads(text)["name"] == "book"
+            else:
+                assert text.startswith("book(") and text.endswith(")")
             assert isinstance(c.arguments["party"], int)
             assert c.arguments["time"] in ("18:00", "19:30", "21:00")
         if c.name == "done":
@@ -247,8 +255,14 @@ def test_stop_strings_end_a_call_and_never_occur_inside_it(policy, stop, text, a
     ([], 48, "at least one tool"),
     ([_fn("f", {"xs": {"type": "array"}}, ["xs"])], 48, "has type 'array'"),
     ([_fn("a_long_tool_name", {"q": {"type": "string"}}, ["q"])], 12, r"budget \(12\) is too small"),
-    ([_fn("f", {"a": {"type": "string"}, "b": {"type": "integer"}}, ["a"])], 20,
-     r"budget \(20\) is too small"),
+    ([_fn("f", {"a": {"type": "string"}, "b": {"type": "integer"}}, ["a"])], 10,
+     r"budget \(10\) is too small for a call of 'f': it needs 11 tokens"),  # f(a="x")
+    ([{**_fn("f", {"a": {"type": "string"}, "b": {"type": "integer"}}, ["a"]), "syntax": "json"}],
+     20, r"budget \(20\) is too small"),
+    ([{**_fn("f", {"a": {"type": "string"}}, ["a"]), "syntax": "bare"}], 48, "required parameters"),
+    ([{**_fn("f", {"a": {"type": "boolean"}}, ["a"]), "syntax": "bracket"}], 48,
+     r"cannot be called as f\[...\]"),
+    ([{**_fn("f", {}, []), "syntax": "parens"}], 48, "unknown call syntax 'parens'"),
 ])
 def test_grammar_errors_are_clear(tools, budget, message):
     with pytest.raises(ValueError, match=message):

@@ -18,7 +18,7 @@ from typing import Any
 
 from offline_agent.envs import state_json
 from offline_agent.envs.errors import ActionError, EnvFailure, short
-from offline_agent.envs.parser import parse_action
+from offline_agent.envs.parser import FORMS, bracketable, default_form, parse_action, parse_form
 from offline_agent.types import Message, Task, ToolCall
 
 # ActionError and EnvFailure live in errors.py (the parser raises them too) and are importable
@@ -48,7 +48,11 @@ class Env(ABC):
     max_action_tokens: int = 48  # token budget of one reply
     state_type: type | None = None  # dataclass of `self.state`; None: the state is JSON data
     max_parse_chars: int = 20_000  # only this much of a reply is parsed (bounds hostile text)
+    # tool name -> the form constrained decoding writes its calls in (one of parser.FORMS),
+    # over what `tool_syntax` detects from the demonstration
+    call_syntax: dict[str, str] = {}
     _demo_turns: list[Message] | None = None  # demonstration(), once played
+    _syntax: dict[str, str] | None = None  # tool_syntax(), once detected
 
     def __init__(self, max_steps: int = 10, seed: int = 0):
         self.max_steps = max_steps
@@ -102,6 +106,31 @@ class Env(ABC):
         valid calls with no code; an env narrows them per state by dropping tools that cannot
         work there and adding `enum`s to parameters with a known set of values."""
         return self.tools
+
+    def tool_syntax(self) -> dict[str, str]:
+        """Each tool's call form (parser.FORMS), as constrained decoding writes it: `call_syntax`
+        where it names the tool, else the form the demonstration's first call of the tool was
+        written in, else the form most of the demonstration's calls use (a tool without
+        parameters: its bare name after bracket calls), else `parser.default_form` (bare name,
+        bracket text for one parameter, call syntax for several). The model copies the
+        demonstration: a grammar of another form makes it write the whole call as one value."""
+        if self._syntax is None:
+            episode = self.demo_episode()
+            shown: dict[str, str] = {}
+            for text in episode[1] if episode else []:
+                call, form = parse_form(text, self.tools)
+                shown.setdefault(call.name, form)
+            forms = list(shown.values())
+            usual = max(forms, key=forms.count) if forms else None
+            self._syntax = {t["function"]["name"]: _form(t["function"], self.call_syntax, shown,
+                                                         usual) for t in self.tools}
+        return self._syntax
+
+    def call_tools(self) -> list[dict]:
+        """`action_tools()`, each spec with its call form under "syntax": what a constrained
+        policy decodes a reply of this state under (Sampling.tools)."""
+        syntax = self.tool_syntax()
+        return [{**t, "syntax": syntax[t["function"]["name"]]} for t in self.action_tools()]
 
     def achieved_task(self) -> Task | None:
         """A task that the current terminal state satisfies (hindsight relabeling), or None.
@@ -239,6 +268,20 @@ def _size(value: Any) -> int:
         return len(str(value))
     except ValueError:
         return MAX_ARGUMENT_CHARS + 1
+
+
+def _form(spec: dict, chosen: dict[str, str], shown: dict[str, str], usual: str | None) -> str:
+    """One tool's form for `Env.tool_syntax`: chosen, shown, the usual one, or the default."""
+    name, props = spec["name"], spec.get("parameters", {}).get("properties", {})
+    if name in chosen:
+        if chosen[name] not in FORMS:
+            raise ValueError(f"call_syntax[{name!r}] is {chosen[name]!r}: use one of {FORMS}")
+        return chosen[name]
+    if name not in shown:  # after bracket calls, the default is bracket-like too
+        return default_form(spec) if usual in (None, "bracket", "bare") else usual
+    if shown[name] == "bracket" and not (len(props) == 1 and bracketable(next(iter(props.values())))):
+        return "call"  # bracket text fills one parameter only
+    return shown[name]
 
 
 def _play_demo(env: Env, task: Task, actions: list[str]) -> list[Message]:

@@ -8,6 +8,9 @@ Accepted, wherever they start in the text (the earliest one wins, chatter is ign
   search(query="x")   search("x")   calculate(3*4) call syntax
 Tool names match case-insensitively; number-typed parameters given as text are converted.
 Anything else raises ActionError with a message meant to be shown to the model.
+
+`parse_form` also says which of the FORMS a call was written in: an env's demonstration tells
+constrained decoding which form to write per tool (`Env.tool_syntax`, policy/grammar.py).
 """
 
 from __future__ import annotations
@@ -32,23 +35,27 @@ _JSON_TRIES, _JSON_WINDOW = 16, 20_000
 _TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL | re.IGNORECASE)
 
 Found = tuple[int, "ToolCall | ActionError"]  # (position in text, call or the reason it is bad)
+# the call forms, as constrained decoding names them: `<tool_call>` tags, JSON, `name[text]`,
+# `name(key="v", n=2)` (or positional `name("v")`), a bare name
+FORMS = ("tag", "json", "bracket", "call", "bare")
+BRACKET_TYPES = ("string", "number", "integer")  # what bracket text reads back as written
 
 
 def parse_action(text: str, tools: list[dict]) -> ToolCall:
     """The first tool call in `text`, with arguments converted to the schema's types."""
+    return parse_form(text, tools)[0]
+
+
+def parse_form(text: str, tools: list[dict]) -> tuple[ToolCall, str]:
+    """parse_action's call, and which of FORMS it was written in."""
     specs = {t["function"]["name"].lower(): t["function"] for t in tools}
     if not text or not text.strip():
         raise ActionError(f"empty action; write one of: {_usage(specs)}")
+    finders = (_find_tag, _find_json, _find_bracket, _find_paren, _find_bare)
     found = [
-        f
-        for f in (
-            _find_tag(text, specs),
-            _find_json(text, specs),
-            _find_bracket(text, specs),
-            _find_paren(text, specs),
-            _find_bare(text, specs),
-        )
-        if f is not None
+        (*f, form)
+        for form, finder in zip(FORMS, finders)
+        if (f := finder(text, specs)) is not None
     ]
     if not found:
         unknown = _LEADING_CALL.match(_LABEL.sub("", text))
@@ -57,10 +64,26 @@ def parse_action(text: str, tools: list[dict]) -> ToolCall:
                 f"unknown tool {short(unknown.group(1))!r}; available: {_available(specs)}"
             )
         raise ActionError(f"no tool call found; write one of: {_usage(specs)}")
-    _, result = min(found, key=lambda f: f[0])
+    _, result, form = min(found, key=lambda f: f[0])
     if isinstance(result, ActionError):
         raise result
-    return _coerce(result, specs[result.name.lower()])
+    return _coerce(result, specs[result.name.lower()]), form
+
+
+def default_form(spec: dict) -> str:
+    """The form of a tool no demonstration shows: its bare name without parameters, bracket
+    text for one parameter that bracket text reads back as written, else call syntax."""
+    props = _properties(spec)
+    if not props:
+        return "bare"
+    return "bracket" if len(props) == 1 and bracketable(next(iter(props.values()))) else "call"
+
+
+def bracketable(schema: dict) -> bool:
+    """Bracket text reads this parameter's values back as written (it strips whitespace)."""
+    if "enum" in schema:
+        return all(isinstance(v, str) and v == v.strip() and v for v in schema["enum"])
+    return schema.get("type") in BRACKET_TYPES
 
 
 # ---- finders: each returns the earliest match of its form, or None ---------------------------

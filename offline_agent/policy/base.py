@@ -30,7 +30,8 @@ class Sampling:
     # seeds this call (same seed + inputs -> same outputs on CPU); a list gives each prompt
     # its own seed, so a prompt's samples do not depend on the other prompts of the call
     seed: int | list[int] | None = None
-    # per prompt, the tool specs its reply must call (None: free text). A policy loaded with
+    # per prompt, the tool specs its reply must call (None: free text), each in the form its
+    # "syntax" names (Env.call_tools()). A policy loaded with
     # constrain="tools" decodes such a reply under the grammar of one call of these tools
     # (policy/grammar.py); it ends with the call, then end-of-turn or a stop string the grammar
     # keeps out of free text ("\n", "\n\n"). With constrain="none" they are ignored.

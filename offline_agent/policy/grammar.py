@@ -3,12 +3,16 @@
 Pure text in, text out: both backends compile the same string (hf with xgrammar's matcher,
 vLLM with its structured outputs), so what one accepts the other accepts.
 
-The call forms are those the envs' prompts and demonstrations show and `envs/parser.py` reads:
-  buy                                          a tool without parameters: its bare name
-  search[red shirt]   answer[84]              one string / number / integer parameter
-  {"name": "book", "arguments": {...}}          anything else: JSON, keys in schema order
+Each tool is called in its form (the spec's "syntax", one of `parser.FORMS`, which
+`Env.call_tools` sets from the env's demonstration; without it `parser.default_form`), so the
+parser reads back exactly what was written:
+  buy                                          bare: a tool without required parameters
+  search[red shirt]   answer[84]              bracket: one string / number / integer parameter
+  book(id="R012", day="friday", people=2)      call: Python literals, keys in schema order
+  {"name": "book", "arguments": {...}}          json (and the same in <tool_call> tags: tag)
 Argument values follow the JSON schema: types, `enum`s (how an env narrows a state's choices),
-required keys. Free text is printable ASCII; bracket text starts with a character the parser
+required keys; optional keys may be left out. A quoted string holds no quote, backslash or
+`]`, so no value holds its form's separators (`", day="`). Free text is printable ASCII; bracket text starts with a character the parser
 does not strip (so it is never empty) and may hold brackets (`xs[0]`): the call ends at a `]`
 the policy follows with end-of-turn or with one of the env's stop strings, as an unconstrained
 reply ends. So free text never holds a stop string: with "\n" no newline, with "\n\n" no blank
@@ -28,17 +32,18 @@ import json
 from dataclasses import dataclass
 
 from offline_agent.envs.base import MAX_ARGUMENT_CHARS
+from offline_agent.envs.parser import BRACKET_TYPES, FORMS, bracketable, default_form
 
 from .base import Sampling
 
 DIGITS, DECIMALS = 15, 6  # the parser refuses numbers longer than 40 characters
-BRACKET_TYPES = ("string", "number", "integer")
 SCALAR_TYPES = (*BRACKET_TYPES, "boolean")
 # the shortest value of each type in characters, and the most it may need to finish
 SHORTEST = {"string": 3, "number": 2, "integer": 2, "boolean": 5}
 # what ends a value, in the order a closing row prefers them: `]` is text inside bracket
-# text and `"` inside JSON strings, so JSON strings leave `]` out
-CLOSERS = ']"},'
+# text and `"` inside quoted strings, so quoted strings leave `]` out; `)` ends call syntax
+# and follows `}` so that bracket text closes as it always did
+CLOSERS = ']"}),'
 ENDINGS = ("\n", "\n\n")  # stop strings free text can leave out, so they may end a call
 
 
@@ -80,90 +85,111 @@ def tool_call_grammar(tools: list[dict], budget: int, stop: tuple[str, ...]) -> 
         raise ValueError("constrained decoding needs at least one tool to call")
     endings = tuple(s for s in ENDINGS if s in stop)
     rules: list[str] = []
-    shapes = [_call(t["function"], i, endings, rules) for i, t in enumerate(tools)]
+    shapes = [_call(t, i, endings, rules) for i, t in enumerate(tools)]
     horizon = 1 + max(closing for _, _, closing in shapes)
     for tool, (_, least, _) in zip(tools, shapes):  # closing must start past the fixed text
         if least + horizon > budget:
             raise ValueError(f"the token budget ({budget}) is too small for a call of "
-                             f"{tool['function']['name']!r}: raise the env's max_action_tokens")
+                             f"{tool['function']['name']!r}: it needs {least + horizon} tokens "
+                             f"(its fixed text, then the steered close of the longest call "
+                             f"here, one character a token); raise the env's max_action_tokens")
     root = f"root ::= ({' | '.join(r for r, _, _ in shapes)})"
     if endings:
         root += f" ({' | '.join(_lit(s) for s in endings)})?"
     return CallGrammar("\n".join([root, *rules]) + "\n", horizon, endings)
 
 
-def _call(spec: dict, i: int, endings: tuple[str, ...], rules: list[str]) -> tuple[str, int, int]:
-    """One tool's call: (rule name, characters before its free parts, characters that finish
-    it from inside); its rules are appended to `rules`."""
+def _call(tool: dict, i: int, endings: tuple[str, ...], rules: list[str]) -> tuple[str, int, int]:
+    """One tool's call in its form (the tool's "syntax", `Env.tool_syntax`; without one,
+    `parser.default_form`): (rule name, characters before its free parts, characters that
+    finish it from inside); its rules are appended to `rules`."""
+    spec = tool["function"]
     name, props = spec["name"], spec.get("parameters", {}).get("properties", {})
     for key, schema in props.items():
         if "enum" not in schema and schema.get("type") not in SCALAR_TYPES:
             raise ValueError(f"constrain=tools supports string, number, integer, boolean and "
                              f"enum parameters; {name}.{key} has type {schema.get('type')!r}")
-    rule = f"call{i}"
-    if not props:
+    form, rule = tool.get("syntax") or default_form(spec), f"call{i}"
+    if form == "bare":
+        if spec.get("parameters", {}).get("required"):
+            raise ValueError(f"{name} has required parameters: it cannot be called by its bare name")
         rules.append(f"{rule} ::= {_lit(name)}")
         return rule, len(name), 0
-    schema = next(iter(props.values()))
-    if len(props) == 1 and _bracketable(schema):
-        value = _value(schema, f"{rule}v", rules, bracket=True, endings=endings)
+    if form == "bracket":
+        schema = next(iter(props.values()), None)
+        if len(props) != 1 or not bracketable(schema):
+            raise ValueError(f"{name} cannot be called as {name}[...]: bracket text fills one "
+                             f"string, number, integer or enum parameter")
+        value = _value(schema, f"{rule}v", rules, form, endings=endings)
         rules.append(f"{rule} ::= {_lit(name + '[')} {value} {_lit(']')}")
-        return rule, len(name) + 1, _finish(schema, bracket=True) + 1
-    return _json_call(spec, rule, rules)
+        return rule, len(name) + 1, _finish(schema, form) + 1
+    if form not in ("call", "json", "tag"):
+        raise ValueError(f"unknown call syntax {form!r} for {name}: use one of {FORMS}")
+    return _keyed_call(spec, rule, rules, form)
 
 
-def _bracketable(schema: dict) -> bool:
-    if "enum" in schema:
-        return all(isinstance(v, str) and v == v.strip() and v for v in schema["enum"])
-    return schema.get("type") in BRACKET_TYPES
-
-
-def _finish(schema: dict, bracket: bool) -> int:
+def _finish(schema: dict, form: str) -> int:
     """Most characters that finish a value of this schema from inside it."""
     if "enum" in schema:
-        return max(len(v if bracket else json.dumps(v)) for v in schema["enum"])
-    return SHORTEST[schema["type"]] - (1 if bracket and schema["type"] == "string" else 0)
+        return max(len(_enum_text(v, form)) for v in schema["enum"])
+    return SHORTEST[schema["type"]] - (1 if form == "bracket" and schema["type"] == "string" else 0)
 
 
-def _json_call(spec: dict, rule: str, rules: list[str]) -> tuple[str, int, int]:
-    """`{"name": "x", "arguments": {...}}`: required keys in schema order, optional ones may
-    be left out."""
+def _keyed_call(spec: dict, rule: str, rules: list[str], form: str) -> tuple[str, int, int]:
+    """`name(key="v", n=2)`, `{"name": "x", "arguments": {...}}` or the same JSON in
+    `<tool_call>` tags: required keys in schema order, optional ones may be left out; members
+    separated by `, ` or `,` (as a demonstration may write them)."""
     params = spec.get("parameters", {})
     props, required = params.get("properties", {}), set(params.get("required", []))
-    head = f'{{"name": {json.dumps(spec["name"])}, "arguments": {{'
+    name = spec["name"]
+    head, tail, key_text = {
+        "call": (f"{name}(", ")", "{}="),
+        "json": (f'{{"name": {json.dumps(name)}, "arguments": {{', "}}", '"{}": '),
+        "tag": (f'<tool_call>{{"name": {json.dumps(name)}, "arguments": {{', "}}</tool_call>",
+                '"{}": '),
+    }[form]
     keys = list(props)
     # {rule}o{j}f / {rule}o{j}m: the members from key j on, as the first one or after a comma
     rules += [f'{rule}o{len(keys)}f ::= ""', f'{rule}o{len(keys)}m ::= ""']
     for j in reversed(range(len(keys))):
-        value = _value(props[keys[j]], f"{rule}v{j}", rules, bracket=False)
-        member = f"{_lit(json.dumps(keys[j]) + ': ')} {value}"
-        first, more = f"{member} {rule}o{j + 1}m", f"{_lit(', ')} {member} {rule}o{j + 1}m"
+        value = _value(props[keys[j]], f"{rule}v{j}", rules, form)
+        member = f"{_lit(key_text.format(keys[j]))} {value}"
+        first, more = f"{member} {rule}o{j + 1}m", f'"," " "? {member} {rule}o{j + 1}m'
         if keys[j] not in required:
             first, more = f"{first} | {rule}o{j + 1}f", f"{more} | {rule}o{j + 1}m"
         rules += [f"{rule}o{j}f ::= {first}", f"{rule}o{j}m ::= {more}"]
-    rules.append(f"{rule} ::= {_lit(head)} {rule}o0f {_lit('}}')}")
-    # from inside any member: finish its value, then the other members with shortest values
-    members = sum(len(json.dumps(k)) + 4 + _finish(props[k], bracket=False) for k in keys)
-    closing = max(_finish(s, bracket=False) for s in props.values()) + members + 2
-    return rule, len(head), closing
+    rules.append(f"{rule} ::= {_lit(head)} {rule}o0f {_lit(tail)}")
+    return rule, len(head), _closing(props, required, key_text, form) + len(tail)
 
 
-def _value(schema: dict, rule: str, rules: list[str], bracket: bool,
+def _closing(props: dict, required: set[str], key_text: str, form: str) -> int:
+    """Most characters that finish the members from inside member j: the rest of member j,
+    then the members up to the last required one (a closing row writes `)` or `}` where it
+    may, but a `,` before a required key lets the model write the optional keys before it)."""
+    keys = list(props)
+    cost = [2 + len(key_text.format(k)) + _finish(props[k], form) for k in keys]
+    last = max((j for j, k in enumerate(keys) if k in required), default=-1)
+    return max((cost[j] + sum(cost[j + 1:last + 1]) for j in range(len(keys))), default=0)
+
+
+def _value(schema: dict, rule: str, rules: list[str], form: str,
            endings: tuple[str, ...] = ()) -> str:
-    """The EBNF of one argument value, as bracket text or as JSON."""
+    """The EBNF of one argument value: bracket text, a Python literal (call syntax) or JSON."""
     if "enum" in schema:
-        values = schema["enum"] if bracket else [json.dumps(v) for v in schema["enum"]]
-        if not values:
+        if not schema["enum"]:
             raise ValueError(f"an enum without values in a tool schema ({rule})")
-        return "(" + " | ".join(_lit(str(v)) for v in values) + ")"
+        return "(" + " | ".join(_lit(_enum_text(v, form)) for v in schema["enum"]) + ")"
     kind = schema["type"]
-    if kind == "integer":
-        return f'"-"? [0-9]{{1,{DIGITS}}}'
-    if kind == "number":
-        return f'"-"? [0-9]{{1,{DIGITS}}} ("." [0-9]{{1,{DECIMALS}}})?'
+    if form == "bracket" and kind in ("integer", "number"):
+        return f'"-"? [0-9]{{1,{DIGITS}}}' + (
+            f' ("." [0-9]{{1,{DECIMALS}}})?' if kind == "number" else "")
+    if kind in ("integer", "number"):  # no leading zeros: Python and JSON refuse them
+        whole = f'"-"? ("0" | [1-9] [0-9]{{0,{DIGITS - 1}}})'
+        return whole + (f' ("." [0-9]{{1,{DECIMALS}}})?' if kind == "number" else "")
     if kind == "boolean":
-        return '("true" | "false")'
-    if not bracket:  # printable ASCII but quote, backslash and `]` (see CLOSERS): no escapes
+        return '("True" | "False")' if form == "call" else '("true" | "false")'
+    if form != "bracket":  # printable ASCII but quote, backslash and `]` (see CLOSERS): no
+        # escapes, so a value never holds its form's separators (`", key=`, `", "`)
         rules.append(f'{rule} ::= [ !#-\\[] | "^" | [_-~]')
         return f'"\\"" {rule} {rule}* "\\""'
     # the repeated item is one flat alternation: xgrammar compiles a repeated bare character
@@ -179,6 +205,16 @@ def _value(schema: dict, rule: str, rules: list[str], bracket: bool,
     rules.append(f"{rule}c ::= {' | '.join(chars)}")
     rules.append(f"{rule} ::= [!#-&(-Z\\\\^-_a-~] {rule}c*{last}")
     return rule
+
+
+def _enum_text(value, form: str) -> str:
+    """An enum value as its form writes it: as is in brackets, a Python literal in call
+    syntax (`"R012"`, `True`), JSON otherwise."""
+    if form == "bracket":
+        return str(value)
+    if form == "call" and (isinstance(value, bool) or value is None):
+        return repr(value)
+    return json.dumps(value)
 
 
 def _lit(text: str) -> str:

@@ -274,7 +274,7 @@ def expand(
         temperatures[0] = 0.0
     seed = stable_seed(cfg.seed, tree.task.id, sim, "expand", node.id)
     proposals = yield Sample(tree.task, tree.root.observation, history, temperatures, seed,
-                             env.action_tools())
+                             env.call_tools())
     last = node.depth + 1 >= cfg.max_depth  # children at max depth end there
     seen: set[str] = set()
     sampled = try_actions(env, node, proposals, seen, last, cfg.finish)
@@ -377,7 +377,7 @@ def rollout(tree: Tree, node: Node, env: Env, cfg: SearchConfig,
                 break  # nothing later does better
         seed = stable_seed(cfg.seed, tree.task.id, sim, "rollout", depth)
         ((text, ids),) = yield Sample(tree.task, tree.root.observation, steps,
-                                      [cfg.rollout_temperature], seed, env.action_tools())
+                                      [cfg.rollout_temperature], seed, env.call_tools())
         steps.append(make_step(text, *env.act(text), ids))
         if steps[-1].done:
             break

@@ -29,7 +29,7 @@ class Sample:
     steps: list[Step]
     temperatures: list[float]
     seed: int
-    tools: list[dict] | None = None  # the state's Env.action_tools(), for constrained decoding
+    tools: list[dict] | None = None  # the state's Env.call_tools(), for constrained decoding
 
     @property
     def n(self) -> int:

@@ -13,31 +13,17 @@ import random
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from offline_agent.envs.base import ActionError, Env
 from offline_agent.envs.parser import parse_action
 from offline_agent.envs.testing.fuzz import named_cases, random_cases
+from offline_agent.envs.testing.grammar_check import check_constrained_sampling, check_demo_grammar
+from offline_agent.envs.testing.outcome import CheckFailed, CheckResult, CheckSkipped
 from offline_agent.types import Task
 
 MAX_OBSERVATION = 5000  # longest observation fuzzed text may produce
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _JSON_TYPES = {"string", "number", "integer", "boolean", "array", "object", "null"}
-
-
-@dataclass
-class CheckResult:
-    name: str
-    ok: bool | None  # None: skipped, the check does not apply to this env
-    detail: str
-
-
-class CheckFailed(Exception):
-    """A contract violation found by a check; its message is the detail shown."""
-
-
-class CheckSkipped(Exception):
-    """The check does not apply to this env; its message says why."""
 
 
 def check_env(make_env: Callable[[], Env], n_tasks: int = 20, n_fuzz: int = 300,
@@ -50,6 +36,8 @@ def check_env(make_env: Callable[[], Env], n_tasks: int = 20, n_fuzz: int = 300,
         ("fuzzed text", lambda: check_fuzz(make_env(), n_fuzz, seed)),
         ("hindsight", lambda: check_hindsight(make_env, seed)),
         ("demonstration", lambda: check_demonstration(make_env)),
+        ("demonstration in grammar", lambda: check_demo_grammar(make_env)),
+        ("constrained sampling", lambda: check_constrained_sampling(make_env, seed=seed)),
     ]
     results = []
     for name, run in checks:
