@@ -62,7 +62,7 @@ def decode_speed(policies: dict, env_name: str, prompts_n: int, samples: int,
         first = env.reset(task)
         prompts.append(render_prompt(policies["none"].tokenizer, history_messages(
             env.system_prompt(), task.instruction, first, [], env.demonstration())))
-        tools.append(env.action_tools())
+        tools.append(env.call_tools())
     totals = {mode: [0, 0.0] for mode in policies}
     for r in range(repeats):
         for mode, policy in policies.items():

@@ -9,6 +9,7 @@ the others.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import time
@@ -126,7 +127,8 @@ def check_round_trip(make_env: Callable[[], Env]) -> str:
     for action, w, g in zip(rest, want, got):
         if w != g:
             raise CheckFailed(f"after restore, {action[:40]!r} gave {g!r:.100} instead of {w!r:.100}")
-    return f"{len(rest)} actions replayed identically after restore ({len(blob)} bytes)"
+    size = len(json.dumps(blob))
+    return f"{len(rest)} actions replayed identically after restore (snapshot: {size} bytes of JSON)"
 
 
 def _outcome(env: Env, text: str) -> tuple:
