@@ -202,3 +202,34 @@ def test_builtin_grammars_are_unchanged(key):
     want = json.loads(GOLDEN.read_text())[key]
     assert (grammar.text, grammar.horizon, list(grammar.stop)) == \
         (want["text"], want["horizon"], want["stop"])
+
+
+def test_a_demonstration_action_that_does_not_parse_shows_no_form():
+    """Detection skips it (check-env reports it) instead of failing every constrained run."""
+    from offline_agent.envs.base import Env, StepResult
+    from offline_agent.types import Task
+
+    class Garbled(Env):
+        name = "garbled"
+        tools = [{"type": "function", "function": {
+            "name": "pick", "description": "pick two", "parameters": {
+                "type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+                "required": ["a", "b"]}}}]
+
+        def tasks(self, split, n):
+            return [Task(f"g-{split}-{i}", self.name, "pick", split) for i in range(n)]
+
+        def system_prompt(self):
+            return "pick(a=..., b=...)"
+
+        def _reset(self, task):
+            self.state = {}
+            return "go"
+
+        def _execute(self, call):
+            return StepResult("ok", 1.0, True)
+
+        def demo_episode(self):
+            return self.tasks("train", 1)[0], ["I will pick now", 'pick(a="x", b="y")']
+
+    assert Garbled().tool_syntax() == {"pick": "call"}

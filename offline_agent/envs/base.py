@@ -118,7 +118,10 @@ class Env(ABC):
             episode = self.demo_episode()
             shown: dict[str, str] = {}
             for text in episode[1] if episode else []:
-                call, form = parse_form(text, self.tools)
+                try:
+                    call, form = parse_form(text, self.tools)
+                except ActionError:  # it shows no form; check-env reports the action
+                    continue
                 shown.setdefault(call.name, form)
             forms = list(shown.values())
             usual = max(forms, key=forms.count) if forms else None
