@@ -149,6 +149,30 @@ def test_the_default_budget_fits_a_four_argument_call(tokenizer):
     assert len(tokenizer(book, add_special_tokens=False).input_ids) == 26  # and end-of-turn
 
 
+def test_a_four_argument_call_is_written_without_a_forced_close(tokenizer):
+    """The demonstrated `book(...)` call, fed token by token under the 48-token default, never
+    has its row steered to close: each row's horizon is its own call's remaining bound (with
+    one bound for any call, the row closed after `book(id="R0`, and a 135M model then wrote
+    `day="}"`: every booking invalid)."""
+    from offline_agent.policy.constrained import GrammarMasks
+
+    env = Reservations()
+    env.reset(env.tasks("train", 1)[0])
+    env.act('find(cuisine="thai", area="north")')
+    grammar = tool_call_grammar(env.call_tools(), 48, tuple(env.stop))
+    masks = GrammarMasks(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    (row,) = masks.rows([grammar])
+    book = env.demo_episode()[1][-1]
+    ids = tokenizer(book, add_special_tokens=False).input_ids
+    needs = []
+    for used, token in enumerate(ids):
+        needs.append(row.horizon())
+        assert 48 - used > needs[-1], (used, tokenizer.decode(ids[:used]))
+        masks.advance(row, token)
+    assert needs == sorted(needs, reverse=True) and needs[0] > needs[-1]  # it only falls
+    assert row.matcher.accept_token(tokenizer.eos_token_id)  # the call is complete
+
+
 def test_a_call_that_cannot_fit_says_how_many_tokens_it_needs():
     tools = [{**Reservations.tools[2], "syntax": "call"}]
     with pytest.raises(ValueError, match=r"budget \(30\) is too small for a call of 'book': "

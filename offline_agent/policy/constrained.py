@@ -14,6 +14,8 @@ import torch
 
 from .grammar import CLOSERS, CallGrammar
 
+HEAD_BYTES = 256  # longer than any call's head (tool names are identifiers)
+QUOTE, COMMA, SEPARATORS = ord('"'), ord(","), (ord("="), ord(":"))
 INSTALL = ("constrain='tools' needs xgrammar: pip install --no-deps xgrammar==0.2.8 "
            "'apache-tvm-ffi>=0.1.11' pydantic (make install does this)")
 
@@ -38,6 +40,18 @@ class RowState:
     closing: bool = False
     redirect: tuple[torch.Tensor, int] | None = None
     tail: bytes = b""  # the text's last bytes, where a stop string may have begun
+    head: bytes = b""  # the text's first bytes: which keyed call it began (grammar.Closing)
+    in_string: bool = False  # inside a quoted value (they hold no quote)
+    commas: int = 0  # commas written outside quoted values
+    seps: int = 0  # key separators (`=` or `:`) written outside quoted values
+
+    def horizon(self) -> int:
+        """Tokens that finish the call from here: its own call's bound once that call's head
+        is written (grammar.Closing), else the grammar's bound for any call."""
+        for closing in self.grammar.closings:
+            if self.head.startswith(closing.head.encode()):
+                return closing.need(self.commas, self.seps)
+        return self.grammar.horizon
 
 
 class GrammarMasks:
@@ -75,7 +89,7 @@ class GrammarMasks:
         tokens that end a turn (end-of-turn, a stop string of the grammar): the model may still
         want to stop there, and `settle` reads that as closing the call, as the Python env
         reads a free reply that stops inside a call (`PythonTasks.close_call`).
-        A closing row (it drew such a token, or `left` tokens are its grammar's horizon, or the
+        A closing row (it drew such a token, or `left` tokens are its `horizon()`, or the
         next token could take its text past `max_chars` less the horizon) keeps only
         one-character tokens, and only the first allowed of end-of-turn, `]`, `"`, `}`, `,`
         where one is allowed: that path finishes any call within the horizon."""
@@ -87,7 +101,7 @@ class GrammarMasks:
         self.xgr.apply_token_bitmask_inplace(out, bitmask.to(out.device), indices=constrained)
         for i in constrained:
             row, g = rows[i], rows[i].grammar
-            row.closing |= left <= g.horizon or row.chars + self.longest + g.horizon > g.max_chars
+            row.closing |= left <= row.horizon() or row.chars + self.longest + g.horizon > g.max_chars
             ender = None if row.closing else next(
                 (t for t in self.enders if out[i, t] > float("-inf")), None)
             row.redirect = None
@@ -139,6 +153,14 @@ class GrammarMasks:
             raise RuntimeError(f"token {token} was drawn against the grammar's mask")
         row.chars += self.lengths[token]
         if token < len(self.pieces):
-            row.tail = (row.tail + self.pieces[token])[-8:]
+            piece = self.pieces[token]
+            row.tail = (row.tail + piece)[-8:]
+            row.head = (row.head + piece)[:HEAD_BYTES]
+            for byte in piece:
+                if byte == QUOTE:
+                    row.in_string = not row.in_string
+                elif not row.in_string:
+                    row.commas += byte == COMMA
+                    row.seps += byte in SEPARATORS
         return row.matcher.is_terminated() or row.tail.endswith(
             tuple(s.encode() for s in row.grammar.stop))

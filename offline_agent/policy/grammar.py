@@ -21,8 +21,9 @@ line (the two the envs use; `ENDINGS`). Other stop strings do not end a constrai
 Free text is unbounded in the grammar: xgrammar precomputes the token masks of a repeated
 rule, but counts a bounded repetition at run time (a 49k-vocabulary scan, ~50 ms, per row and
 step). The token budget is kept by the decoder instead: `horizon` is how many tokens, one
-character each, the longest shortest way to finish a call takes from any point of it, so a row
-that has that many tokens left is steered to close (policy/constrained.py).
+character each, the longest shortest way to finish a call takes from any point of it, and a
+keyed call's `Closing` the tighter bound once its head is written; a row that has that many
+tokens left is steered to close (policy/constrained.py).
 """
 
 from __future__ import annotations
@@ -48,11 +49,35 @@ ENDINGS = ("\n", "\n\n")  # stop strings free text can leave out, so they may en
 
 
 @dataclass(frozen=True)
+class Closing:
+    """How far a keyed call (call syntax, JSON, tag) is from its end, in characters (end-of-turn
+    included), once its reply starts with `head`: `needs[2j]` from anywhere in member j,
+    `needs[2j + 1]` once member j's value began. j counts the commas, and a value began when
+    the member's key separator (`=`, or `:`) was written, both outside quoted values and past
+    the `skip` commas and `skip_seps` separators the head holds (JSON's). Quoted values hold
+    no quote, so counting is exact; `needs` never rises, so a row that was not closing one
+    step ago has the tokens to close from where it is."""
+
+    head: str
+    needs: tuple[int, ...]
+    skip: int = 0
+    skip_seps: int = 0
+
+    def need(self, commas: int, seps: int) -> int:
+        j = max(commas - self.skip, 0)
+        began = seps - self.skip_seps > j
+        return self.needs[min(2 * j + began, len(self.needs) - 1)]
+
+
+@dataclass(frozen=True)
 class CallGrammar:
     text: str  # EBNF, xgrammar's dialect
     horizon: int  # tokens that always suffice to finish the call from any point, end-of-turn included
     stop: tuple[str, ...] = ()  # stop strings that may follow the call and end the reply there
     max_chars: int = MAX_ARGUMENT_CHARS  # longest reply text: the env refuses longer arguments
+    # per keyed tool: the tighter horizon once its call has begun (a 4-argument call's worst
+    # case from its first member would otherwise steer it closed from its third token)
+    closings: tuple[Closing, ...] = ()
 
 
 def prompt_grammars(sampling: Sampling, num_prompts: int) -> list[CallGrammar | None]:
@@ -85,21 +110,24 @@ def tool_call_grammar(tools: list[dict], budget: int, stop: tuple[str, ...]) -> 
         raise ValueError("constrained decoding needs at least one tool to call")
     endings = tuple(s for s in ENDINGS if s in stop)
     rules: list[str] = []
-    shapes = [_call(t, i, endings, rules) for i, t in enumerate(tools)]
+    closings: list[Closing] = []
+    shapes = [_call(t, i, endings, rules, closings) for i, t in enumerate(tools)]
     horizon = 1 + max(closing for _, _, closing in shapes)
-    for tool, (_, least, _) in zip(tools, shapes):  # closing must start past the fixed text
-        if least + horizon > budget:
+    for tool, (_, least, closing) in zip(tools, shapes):  # closing starts past the fixed text
+        if least + 1 + closing > budget:
             raise ValueError(f"the token budget ({budget}) is too small for a call of "
-                             f"{tool['function']['name']!r}: it needs {least + horizon} tokens "
-                             f"(its fixed text, then the steered close of the longest call "
-                             f"here, one character a token); raise the env's max_action_tokens")
+                             f"{tool['function']['name']!r}: it needs {least + 1 + closing} "
+                             f"tokens (its fixed text, then its steered close, one character "
+                             f"a token); raise the env's max_action_tokens")
     root = f"root ::= ({' | '.join(r for r, _, _ in shapes)})"
     if endings:
         root += f" ({' | '.join(_lit(s) for s in endings)})?"
-    return CallGrammar("\n".join([root, *rules]) + "\n", horizon, endings)
+    return CallGrammar("\n".join([root, *rules]) + "\n", horizon, endings,
+                       closings=tuple(closings))
 
 
-def _call(tool: dict, i: int, endings: tuple[str, ...], rules: list[str]) -> tuple[str, int, int]:
+def _call(tool: dict, i: int, endings: tuple[str, ...], rules: list[str],
+          closings: list[Closing]) -> tuple[str, int, int]:
     """One tool's call in its form (the tool's "syntax", `Env.tool_syntax`; without one,
     `parser.default_form`): (rule name, characters before its free parts, characters that
     finish it from inside); its rules are appended to `rules`."""
@@ -125,7 +153,7 @@ def _call(tool: dict, i: int, endings: tuple[str, ...], rules: list[str]) -> tup
         return rule, len(name) + 1, _finish(schema, form) + 1
     if form not in ("call", "json", "tag"):
         raise ValueError(f"unknown call syntax {form!r} for {name}: use one of {FORMS}")
-    return _keyed_call(spec, rule, rules, form)
+    return _keyed_call(spec, rule, rules, form, closings)
 
 
 def _finish(schema: dict, form: str) -> int:
@@ -135,7 +163,8 @@ def _finish(schema: dict, form: str) -> int:
     return SHORTEST[schema["type"]] - (1 if form == "bracket" and schema["type"] == "string" else 0)
 
 
-def _keyed_call(spec: dict, rule: str, rules: list[str], form: str) -> tuple[str, int, int]:
+def _keyed_call(spec: dict, rule: str, rules: list[str], form: str,
+                closings: list[Closing]) -> tuple[str, int, int]:
     """`name(key="v", n=2)`, `{"name": "x", "arguments": {...}}` or the same JSON in
     `<tool_call>` tags: required keys in schema order, optional ones may be left out; members
     separated by `, ` or `,` (as a demonstration may write them)."""
@@ -159,17 +188,26 @@ def _keyed_call(spec: dict, rule: str, rules: list[str], form: str) -> tuple[str
             first, more = f"{first} | {rule}o{j + 1}f", f"{more} | {rule}o{j + 1}m"
         rules += [f"{rule}o{j}f ::= {first}", f"{rule}o{j}m ::= {more}"]
     rules.append(f"{rule} ::= {_lit(head)} {rule}o0f {_lit(tail)}")
-    return rule, len(head), _closing(props, required, key_text, form) + len(tail)
+    needs = [n + len(tail) for n in _closing(props, required, key_text, form)] or [len(tail)]
+    needs = [1 + max(needs[i:]) for i in range(len(needs))]  # never rising; end-of-turn
+    sep = "=" if form == "call" else ":"
+    closings.append(Closing(head, tuple(needs), head.count(","), head.count(sep)))
+    return rule, len(head), needs[0] - 1
 
 
-def _closing(props: dict, required: set[str], key_text: str, form: str) -> int:
-    """Most characters that finish the members from inside member j: the rest of member j,
-    then the members up to the last required one (a closing row writes `)` or `}` where it
-    may, but a `,` before a required key lets the model write the optional keys before it)."""
+def _closing(props: dict, required: set[str], key_text: str, form: str) -> list[int]:
+    """For each member j, the most characters that finish the members from anywhere in it,
+    then from inside its value: the rest of member j, then the members up to the last
+    required one (a closing row writes `)` or `}` where it may, but a `,` before a required
+    key lets the model write the optional keys before it)."""
     keys = list(props)
     cost = [2 + len(key_text.format(k)) + _finish(props[k], form) for k in keys]
     last = max((j for j, k in enumerate(keys) if k in required), default=-1)
-    return max((cost[j] + sum(cost[j + 1:last + 1]) for j in range(len(keys))), default=0)
+    out = []
+    for j, k in enumerate(keys):
+        rest = sum(cost[j + 1:last + 1])
+        out += [cost[j] + rest, _finish(props[k], form) + rest]
+    return out
 
 
 def _value(schema: dict, rule: str, rules: list[str], form: str,
