@@ -244,3 +244,30 @@ def _restaurant(rid: str) -> str:
     if rid not in catalogue():
         raise ActionError(f"no restaurant {rid[:20]!r}; find lists the ids of a cuisine and area")
     return rid
+
+
+class NarrowedBooking(Booking):
+    """Booking whose tools narrow each argument to what the state offers (`action_tools`, the
+    plugin guide's per-state enums): cuisines and areas always; `open` the ids `find` showed;
+    `book` the open restaurant's id, days and times. The longest call then needs 60 tokens
+    under the grammar's budget check, so the budget is 64."""
+
+    name = "booking_narrowed"
+    max_action_tokens = 64
+
+    def action_tools(self) -> list[dict]:
+        find, open_, book, done = (t["function"] for t in TOOLS)
+        tools = [_narrowed(find, cuisine=CUISINES, area=AREAS)]
+        if self.state["shown"]:
+            tools.append(_narrowed(open_, id=self.state["shown"]))
+        if opened := self.state["opened"]:
+            r = catalogue()[opened]
+            tools.append(_narrowed(book, id=[opened], day=r["days"], time=r["times"]))
+        return tools + [TOOLS[3]]
+
+
+def _narrowed(spec: dict, **enums: list[str]) -> dict:
+    props = {k: {**v, "enum": list(enums[k])} if k in enums else v
+             for k, v in spec["parameters"]["properties"].items()}
+    return {"type": "function",
+            "function": {**spec, "parameters": {**spec["parameters"], "properties": props}}}

@@ -3,7 +3,7 @@ demonstration, its errors and its partial credit."""
 
 from __future__ import annotations
 
-from tests.booking import Booking, catalogue
+from tests.booking import Booking, NarrowedBooking, catalogue
 
 
 def test_tasks_are_deterministic_and_the_splits_disjoint():
@@ -59,3 +59,21 @@ def test_a_partly_right_booking_gets_partial_credit():
     assert result.done and not result.invalid and result.reward == 0.0
     env.reset(task)
     assert env.act("done()")[1].reward == 0.0 and env.achieved_task() is None
+
+
+def test_the_narrowed_variant_offers_what_the_state_shows():
+    env = NarrowedBooking()
+    env.reset(env.demo_episode()[0])
+
+    def enums():
+        return {t["function"]["name"]: {k: v.get("enum") for k, v in
+                                        t["function"]["parameters"]["properties"].items()}
+                for t in env.action_tools()}
+
+    assert list(enums()) == ["find", "done"] and enums()["find"]["area"][0] == "north"
+    env.act('find(cuisine="thai", area="north")')
+    assert enums()["open"]["id"] == env.state["shown"] and "book" not in enums()
+    env.act('open(id="R012")')
+    book = enums()["book"]
+    assert book["id"] == ["R012"] and "friday" in book["day"] and "19:00" in book["time"]
+    assert book["people"] is None  # a number stays a number
