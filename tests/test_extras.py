@@ -4,6 +4,7 @@ pip line that installs it, before any stage runs."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import pytest
 
@@ -15,10 +16,13 @@ from pipelines.stages import pipeline
 
 
 def hide(monkeypatch, *modules: str) -> None:
-    """Make `modules` look uninstalled to find_spec (what `missing` asks)."""
+    """Make `modules` look uninstalled: find_spec (what `missing` asks) finds nothing, and
+    importing them fails."""
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in modules else real(name, *a))
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module, None)
 
 
 def test_every_extra_is_declared_in_pyproject():
@@ -35,8 +39,8 @@ def test_every_extra_is_declared_in_pyproject():
 def test_missing_names_the_extra(monkeypatch):
     assert missing("matplotlib") is None
     hide(monkeypatch, "matplotlib")
-    assert missing("matplotlib") == ("the report stage's charts needs matplotlib: "
-                                     "pip install 'offline-agent[report]'")
+    assert missing("matplotlib") == ("the report stage's charts needs matplotlib, which is not "
+                                     "installed: pip install 'offline-agent[report]'")
     with pytest.raises(MissingExtra, match=r"offline-agent\[report\]"):
         require("matplotlib")
 

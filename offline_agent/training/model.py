@@ -9,12 +9,11 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from offline_agent.policy.adapters import drop_kernel_note, import_peft, merge_adapter, quiet_peft
+from offline_agent.extras import require
+from offline_agent.policy.adapters import drop_kernel_note, merge_adapter
 from offline_agent.policy.models import resolve_model
 
 from .config import TrainConfig
-
-QLORA_EXTRA = "pip install 'offline-agent[qlora]'"
 
 
 def train_dtype(cfg: TrainConfig, device: str) -> torch.dtype:
@@ -54,7 +53,8 @@ def load_4bit(path: str, dtype: torch.dtype, device: str):
     (training gradients wrong) and differs from the training forward numerically. The
     layers here keep the one path that trains, on every CPU: any dims, a reference pass that
     is the training forward, the same numbers with and without avx512_bf16."""
-    bnb = require_bitsandbytes()
+    drop_kernel_note()  # about the kernel of the path the layers are kept off, below
+    bnb = require("bitsandbytes")
     from transformers import BitsAndBytesConfig
 
     quantization = BitsAndBytesConfig(
@@ -66,42 +66,3 @@ def load_4bit(path: str, dtype: torch.dtype, device: str):
         if isinstance(layer, bnb.nn.Linear4bit):
             layer.support_avx512bf16_for_cpu = False
     return model
-
-
-def require_bitsandbytes():
-    """The bitsandbytes module; a one-line error naming the extra where it is not installed."""
-    drop_kernel_note()  # about the kernel of the path load_4bit keeps its layers off
-    try:
-        import bitsandbytes
-    except ImportError:
-        raise ImportError("train.quantization=4bit (QLoRA) needs bitsandbytes, which is not "
-                          f"installed: {QLORA_EXTRA}") from None
-    return bitsandbytes
-
-
-def add_lora(model, cfg: TrainConfig):
-    """Wrap `model` in a fresh LoRA adapter (seeded init); gradient checkpointing if asked."""
-    peft = import_peft()
-    if cfg.quantization == "4bit":  # freeze the base, cast its other weights to float32
-        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    if cfg.gradient_checkpointing:  # non-reentrant: inputs need not require grad
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False})
-    torch.manual_seed(cfg.seed)
-    lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                           lora_dropout=cfg.lora_dropout,
-                           target_modules=list(cfg.target_modules), task_type="CAUSAL_LM")
-    with quiet_peft():
-        return peft.get_peft_model(model, lora)
-
-
-def write_merged(model_id: str, adapter: str, out: str, cfg: TrainConfig,
-                 base_adapter: str | None = None) -> None:
-    """A full model with the adapter merged in, from a fresh full-precision base (also after
-    QLoRA, whose base weights are 4-bit), with the tokenizer. `base_adapter`: the previous
-    policy the adapter was trained on top of (fit_policy's `adapter`), merged in first."""
-    plain = TrainConfig(**{**vars(cfg), "quantization": "none"})
-    base, tokenizer = load_base(model_id, plain, "cpu", base_adapter)
-    merged = merge_adapter(base, adapter)
-    merged.save_pretrained(out)
-    tokenizer.save_pretrained(out)
