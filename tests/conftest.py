@@ -29,24 +29,9 @@ def tokenizer(embedded_dir):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer) -> str:
     """A 2-layer random Llama with SmolLM2's tokenizer and chat template, saved to disk."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from offline_agent.envs.testing.grammar_check import tiny_model
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
-        initializer_range=0.2,  # at 0.02 greedy decoding repeats one token; tests need variety
-    )
-    model = LlamaForCausalLM(config)
+    model = tiny_model(tokenizer, seed=0)
     out = tmp_path_factory.mktemp("tiny-llama")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

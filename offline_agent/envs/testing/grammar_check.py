@@ -59,7 +59,7 @@ def check_constrained_sampling(make_env: Callable[[], Env], samples: int = 32,
     from offline_agent.rollout import action_sampling
 
     tokenizer = _tokenizer()
-    policy = HFPolicy(_tiny_model(tokenizer, seed), tokenizer, constrain="tools")
+    policy = HFPolicy(tiny_model(tokenizer, seed), tokenizer, constrain="tools")
     env = make_env()
     prompts, tools = _states(env, policy.tokenizer)
     per_state = -(-samples // len(prompts))
@@ -93,18 +93,23 @@ def _check_enums(call: ToolCall, tools: list[dict]) -> None:
 
 
 def _states(env: Env, tokenizer) -> tuple[list[str], list[list[dict]]]:
-    """Prompts and call tools at the first state and after each demonstration action."""
+    """Prompts (the history so far) and call tools at the first state and after each
+    demonstration action."""
+    from offline_agent.rollout import make_step
+
     episode = env.demo_episode()
     task, actions = episode if episode else (env.tasks("train", 1)[0], [])
-    first = env.reset(task)
-    prompt = render_prompt(tokenizer, history_messages(
-        env.system_prompt(), task.instruction, first, [], env.demonstration()))
-    prompts, tools = [prompt], [env.call_tools()]
-    for text in actions[:-1]:
-        if env.act(text)[1].done:
-            break
-        prompts.append(prompt)
+    first, steps = env.reset(task), []
+    prompts, tools = [], []
+    for text in [*actions[:-1], None]:
+        prompts.append(render_prompt(tokenizer, history_messages(
+            env.system_prompt(), task.instruction, first, steps, env.demonstration())))
         tools.append(env.call_tools())
+        if text is None:
+            break
+        steps.append(make_step(text, *env.act(text)))
+        if steps[-1].done:
+            break
     return prompts, tools
 
 
@@ -125,8 +130,9 @@ def _tokenizer():
     return AutoTokenizer.from_pretrained(resolve_model(DEFAULT_MODEL))
 
 
-def _tiny_model(tokenizer, seed: int):
-    """A 2-layer random Llama on `tokenizer` (as tests/conftest.py's tiny_model_dir)."""
+def tiny_model(tokenizer, seed: int = 0):
+    """A 2-layer random Llama on `tokenizer`: this check's model, and the test suite's
+    (tests/conftest.py tiny_model_dir)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
