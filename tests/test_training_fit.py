@@ -146,17 +146,23 @@ def reference_and_grads(model_dir: str) -> tuple:
     return reference, grads
 
 
-def test_qlora_reference_and_gradients_do_not_depend_on_avx512_bf16(tiny_model_dir,
-                                                                     monkeypatch):
+def check_avx512_bf16_makes_no_difference(model_dir: str, monkeypatch) -> None:
+    """Reference log-probs and gradients equal with bitsandbytes told the CPU has avx512_bf16
+    and told it has not (the packed path forced or kept off, on any CPU)."""
     import bitsandbytes
     import torch
 
     monkeypatch.setattr(bitsandbytes.nn.modules, "has_avx512bf16", lambda: False)
-    without = reference_and_grads(tiny_model_dir)
+    without = reference_and_grads(model_dir)
     monkeypatch.setattr(bitsandbytes.nn.modules, "has_avx512bf16", lambda: True)
-    with_it = reference_and_grads(tiny_model_dir)
+    with_it = reference_and_grads(model_dir)
     assert without[1].abs().max() > 0
     assert torch.equal(with_it[0], without[0]) and torch.equal(with_it[1], without[1])
+
+
+def test_qlora_reference_and_gradients_do_not_depend_on_avx512_bf16(tiny_model_dir,
+                                                                     monkeypatch):
+    check_avx512_bf16_makes_no_difference(tiny_model_dir, monkeypatch)
 
 
 @pytest.mark.e2e
@@ -165,15 +171,7 @@ def test_embedded_qlora_reference_and_gradients_do_not_depend_on_avx512_bf16(emb
     """The real model's dims are ones bitsandbytes packs: there, its packed layers would give
     other reference log-probs and pass no gradient to their inputs (docs/training.md);
     load_4bit keeps every layer off that path."""
-    import bitsandbytes
-    import torch
-
-    monkeypatch.setattr(bitsandbytes.nn.modules, "has_avx512bf16", lambda: False)
-    without = reference_and_grads(embedded_dir)
-    monkeypatch.setattr(bitsandbytes.nn.modules, "has_avx512bf16", lambda: True)
-    with_it = reference_and_grads(embedded_dir)
-    assert without[1].abs().max() > 0
-    assert torch.equal(with_it[0], without[0]) and torch.equal(with_it[1], without[1])
+    check_avx512_bf16_makes_no_difference(embedded_dir, monkeypatch)
 
 
 def test_a_lora_run_prints_no_bitsandbytes_note_and_no_peft_deprecation(tiny_model_dir,
