@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from offline_agent.extras import require
-from offline_agent.policy.adapters import drop_kernel_note, merge_adapter
+from offline_agent.policy.adapters import drop_kernel_note, import_peft, merge_adapter, quiet_peft
 from offline_agent.policy.models import resolve_model
 
 from .config import TrainConfig
@@ -66,3 +66,31 @@ def load_4bit(path: str, dtype: torch.dtype, device: str):
         if isinstance(layer, bnb.nn.Linear4bit):
             layer.support_avx512bf16_for_cpu = False
     return model
+
+
+def add_lora(model, cfg: TrainConfig):
+    """Wrap `model` in a fresh LoRA adapter (seeded init); gradient checkpointing if asked."""
+    peft = import_peft()
+    if cfg.quantization == "4bit":  # freeze the base, cast its other weights to float32
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if cfg.gradient_checkpointing:  # non-reentrant: inputs need not require grad
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False})
+    torch.manual_seed(cfg.seed)
+    lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                           lora_dropout=cfg.lora_dropout,
+                           target_modules=list(cfg.target_modules), task_type="CAUSAL_LM")
+    with quiet_peft():
+        return peft.get_peft_model(model, lora)
+
+
+def write_merged(model_id: str, adapter: str, out: str, cfg: TrainConfig,
+                 base_adapter: str | None = None) -> None:
+    """A full model with the adapter merged in, from a fresh full-precision base (also after
+    QLoRA, whose base weights are 4-bit), with the tokenizer. `base_adapter`: the previous
+    policy the adapter was trained on top of (fit_policy's `adapter`), merged in first."""
+    plain = TrainConfig(**{**vars(cfg), "quantization": "none"})
+    base, tokenizer = load_base(model_id, plain, "cpu", base_adapter)
+    merged = merge_adapter(base, adapter)
+    merged.save_pretrained(out)
+    tokenizer.save_pretrained(out)
