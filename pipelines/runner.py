@@ -125,7 +125,7 @@ def _check_extras(cfg: RunConfig, todo: Sequence[Stage]) -> None:
     for s in todo:
         if s.name == "report":
             need.add("matplotlib")
-        if s.name.partition("@")[0] == "train" and cfg.train.quantization == "4bit":
+        if s.name in ("train", f"train@{s.round}") and cfg.train.quantization == "4bit":
             need.add("bitsandbytes")
     errors = [e for module in sorted(need) if (e := missing(module))]
     if errors:
