@@ -58,7 +58,7 @@ def mine(inputs: MineInputs, cfg: MineConfig, new_env: Callable[[], Env],
         raise ValueError(f"mine: the store holds tasks of env(s) {sorted(wrong)}, the config's "
                          f"env is {env.name!r}; mine each env's run on its own")
     context = Context(env.system_prompt(), env.demonstration())
-    firsts = {tid: new_env().reset(task) for tid, task in tasks.items()}
+    firsts = {tid: env.reset(task) for tid, task in tasks.items()}  # deterministic per task
     trajs, first = inputs.trajectories, inputs.first_id
 
     steps = step_pair_rows(inputs.step_pairs, inputs.nodes, context, tasks, first)
