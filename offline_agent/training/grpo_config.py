@@ -1,0 +1,81 @@
+"""GRPO settings (the planned `grpo` stage, docs/training.md). Lives beside the trainers so
+`offline_agent` never imports `pipelines`; the pure parts they configure are in grpo.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from offline_agent.config_fields import config_field as _f
+
+INITS = ("dpo_step", "rft", "dpo_outcome", "base")
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
+SCALES = ("group", "batch", "none")
+
+
+@dataclass
+class GRPOConfig:
+    enabled: bool = _f(False, "run the online GRPO stage between train and eval (off: the run "
+                              "is unchanged)")
+    init: str = _f("dpo_step", "adapter GRPO starts from: dpo_step, rft, dpo_outcome (a policy "
+                               "of train.policies) or base (a fresh adapter on the base model)")
+    steps: int = _f(20, "optimizer steps (each on freshly sampled groups, num_iterations "
+                        "updates per batch of rollouts)")
+    group_size: int = _f(4, "G: episodes per task that form one group (>= 2: a group of one "
+                            "carries no signal)")
+    tasks_per_step: int = _f(4, "train tasks per rollout batch, G episodes each")
+    lr: float = _f(1e-5, "learning rate (AdamW) of the adapter")
+    temperature: float = _f(1.0, "sampling temperature of the rollouts; the ratio's log-probs "
+                                 "use the same temperature")
+    epsilon: float = _f(0.2, "PPO clip: the ratio is clipped below at 1 - epsilon")
+    epsilon_high: float = _f(0.28, "PPO clip above at 1 + epsilon_high (DAPO clip-higher; "
+                                   "equal to epsilon: symmetric PPO clip)")
+    beta: float = _f(0.0, "weight of the per-token K3 KL to the reference (the adapter "
+                          "disabled); 0: no KL and no reference forward at all")
+    loss_type: str = _f("dapo", "grpo: mean over each sequence's agent tokens, then over "
+                                "sequences; dapo: sum over the step's agent tokens / their "
+                                "count; dr_grpo: sum / (max agent tokens x sequences), constant")
+    scale_rewards: str = _f("group", "advantage = reward - group mean, divided by the group's "
+                                     "std (group), the batch's std (batch) or nothing (none, "
+                                     "Dr. GRPO)")
+    num_iterations: int = _f(1, "mu: updates per batch of rollouts; pi_old is one forward per "
+                                "batch, so the first update's ratio is exactly 1")
+    max_resample: int = _f(2, "times a group whose rewards all tie (no gradient) is dropped and "
+                              "sampled again (DAPO dynamic sampling); 0: dropped, not resampled")
+    format_weight: float = _f(0.0, "reward penalty per invalid action (shaping; 0: off)")
+    format_cap: float = _f(0.2, "most an episode loses to format_weight; with length_cap < 1 "
+                                "in all, so a success (1) always outranks a failure (0)")
+    length_penalty: float = _f(0.0, "reward penalty per step past step_budget (shaping; 0: off)")
+    step_budget: int = _f(6, "steps an episode may take before length_penalty applies")
+    length_cap: float = _f(0.2, "most an episode loses to length_penalty")
+    step_groups: bool = _f(False, "also group steps whose env state before the action is "
+                                  "identical (hashed snapshot JSON) within a task's group and "
+                                  "add their normalised returns (GiGPO-style)")
+    step_weight: float = _f(1.0, "omega: A = A_episode + omega * A_step (with step_groups)")
+    gamma: float = _f(0.95, "discount of the per-step return a step group normalises")
+
+    def __post_init__(self):
+        checks = {"init": (self.init, INITS), "loss_type": (self.loss_type, LOSS_TYPES),
+                  "scale_rewards": (self.scale_rewards, SCALES)}
+        for name, (value, allowed) in checks.items():
+            if value not in allowed:
+                raise ValueError(f"grpo.{name} must be one of {', '.join(allowed)}, got {value!r}")
+        for name in ("steps", "tasks_per_step", "num_iterations", "step_budget"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"grpo.{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ValueError(f"grpo.group_size must be >= 2 (a group of one has no advantage), "
+                             f"got {self.group_size}")
+        if self.lr <= 0 or self.temperature <= 0:
+            raise ValueError("grpo.lr and grpo.temperature must be > 0")
+        if not 0 < self.epsilon < 1 or self.epsilon_high < self.epsilon:
+            raise ValueError(f"grpo.epsilon must be in (0, 1) and grpo.epsilon_high >= "
+                             f"grpo.epsilon, got {self.epsilon} and {self.epsilon_high}")
+        for name in ("beta", "max_resample", "format_weight", "format_cap", "length_penalty",
+                     "length_cap", "step_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"grpo.{name} must be >= 0, got {getattr(self, name)}")
+        if self.format_cap + self.length_cap >= 1:
+            raise ValueError("grpo.format_cap + grpo.length_cap must be < 1, so the outcome "
+                             "reward dominates the shaping")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"grpo.gamma must be in [0, 1], got {self.gamma}")
