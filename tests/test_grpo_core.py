@@ -339,3 +339,15 @@ def test_config_defaults_and_help():
 def test_config_errors_name_the_key(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GRPOConfig(**kwargs)
+
+
+def test_clip_higher_lets_a_ratio_between_the_two_bounds_learn():
+    # ratio 1.25 with A > 0: inside 1 + epsilon_high (1.28), outside a symmetric 1.2 clip
+    old = torch.tensor([[-1.0]])
+    for high, grad in ((0.28, -1.25), (0.2, 0.0)):
+        new = (old + math.log(1.25)).requires_grad_()
+        out = token_loss(new, old, torch.ones(1, 1), torch.tensor([1.0]), epsilon=0.2,
+                         epsilon_high=high, loss_type="dapo", normaliser=1.0)
+        out.loss.backward()
+        assert new.grad.item() == pytest.approx(grad)
+        assert out.clip_fraction.item() == (1.0 if grad == 0 else 0.0)
