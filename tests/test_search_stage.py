@@ -79,10 +79,25 @@ def test_search_stage_stores_trees_and_reruns_as_noop(tmp_path, tiny_model_dir):
             assert all(r.snapshot for r in rows)
         greedy = s.trajectories("greedy")
         assert len(greedy) == 3
+        # the critic's concordance counts every pair of visited, scored siblings once
+        pairs = 0
+        for tid in range(3):
+            rows = s.load_tree(tid)
+            for parent in rows:
+                kids = [r for r in rows if r.parent_id == parent.node_id and r.visits >= 1
+                        and r.critic_score is not None]
+                pairs += len(kids) * (len(kids) - 1) // 2
+        env = s.tasks("train")[0].env
         # sampled actions keep the ids the policy generated: they decode to the stored text
         actions = [(r.action, r.token_ids) for tid in range(3) for r in s.load_tree(tid)]
         actions += [(st["action"], st["token_ids"]) for t in s.trajectories()
                     for st in t.steps]
+    agreement = snap["stage"].stats["critic_concordance"]
+    overall = agreement["overall"]
+    assert overall["n"] + overall["tied_q"] + overall["tied_score"] + overall["tied_both"] \
+        == pairs > 0
+    assert sum(d["n"] for d in agreement["by_depth"].values()) == overall["n"]
+    assert list(agreement["by_env"]) == [env] and agreement["by_env"][env] == overall
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     generated = [(a, ids) for a, ids in actions if ids is not None]
     assert len(generated) > len(actions) / 2
