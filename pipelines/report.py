@@ -3,10 +3,11 @@ contract other tools read) and index.html beside it (`write_report`, the page fr
 report_html.py), from what a run stored, whatever stage it reached.
 
 Everything is recomputed from the store's rows (evaluation episodes, stage rows, metrics,
-counts, search trees), so a stopped run, a run without training or one evaluated only for base renders
-too: a missing part is an empty list or mapping, and the page says it is missing. The
-comparison table, which stdout and the page both show, is report_table.py's. The `report`
-stage (pipelines/stages/report.py) and `offline-agent report RUN_DIR` both write it.
+counts, search trees), so a stopped run, a run without training or one evaluated only for
+base renders too: a missing part is an empty list or mapping, and the page says it is
+missing. The comparison table, which stdout and the page both show, is report_table.py's.
+The `report` stage (pipelines/stages/report.py) and `offline-agent report RUN_DIR` both
+write it.
 """
 
 from __future__ import annotations

@@ -148,8 +148,9 @@ def _concordance(by_stage: dict[str, dict]) -> str:
             "order them as search's returns do (Q_mcts; a terminal action's reward). "
             "concordance = concordant / n, n = concordant + discordant; 0.5 is chance, ties "
             "are counted apart; depth is the parent's.</p>")
-    return "".join(f"<p>{escape(stage)}</p>" + _table(CONCORDANCE_COLUMNS, concordance_rows(c))
-                   for stage, c in by_stage.items()) + note
+    tables = [f"<p>stage {escape(stage)}</p>" + _table(CONCORDANCE_COLUMNS, concordance_rows(c))
+              for stage, c in by_stage.items()]
+    return "".join(tables) + note
 
 
 def _data(data: dict) -> str:

@@ -55,7 +55,7 @@ def comparison_table(report: dict) -> str:
 # ---- critic concordance (offline_agent/search/concordance.py) -------------------------------
 CONCORDANCE = "critic_concordance"  # its key in a search stage's stats and in report.json
 
-CONCORDANCE_COLUMNS = ["pairs of", "concordance", "n", "concordant", "discordant",
+CONCORDANCE_COLUMNS = ["pairs", "concordance", "n", "concordant", "discordant",
                        "tied Q", "tied score", "tied both"]
 
 
