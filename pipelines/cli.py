@@ -18,6 +18,7 @@ from offline_agent.extras import MissingExtra, require
 from pipelines.config import ConfigError, RunConfig, help_lines, make_env
 from pipelines.export import ExportError
 from pipelines.progress import ProgressError, read_progress
+from pipelines.report_table import CONCORDANCE, concordance_text
 from pipelines.runner import RunError
 from storage import Store, StoreError, StoreInUse, TreeRow, merge_shards
 
@@ -207,7 +208,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             took = f"{row.seconds:.1f}s" if row.seconds is not None else ""
             # we hold the lock, so no process is running it: it was killed
             status = "interrupted" if row.status == "running" else row.status
-            print(f"  {row.stage + shard:<22} {status:<11} {took:>8}  {row.stats or ''}")
+            stats = dict(row.stats or {})
+            agreement = stats.pop(CONCORDANCE, None)
+            print(f"  {row.stage + shard:<22} {status:<11} {took:>8}  {stats or ''}")
+            if agreement is not None:
+                print(f"  {'':<22} {concordance_text(agreement)}")
         counts = store.counts()
         print("rows: " + ", ".join(f"{t} {counts[t]}" for t in
                                    ("tasks", "trees", "nodes", "trajectories", "pairs",

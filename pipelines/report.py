@@ -3,10 +3,11 @@ contract other tools read) and index.html beside it (`write_report`, the page fr
 report_html.py), from what a run stored, whatever stage it reached.
 
 Everything is recomputed from the store's rows (evaluation episodes, stage rows, metrics,
-counts), so a stopped run, a run without training or one evaluated only for base renders
-too: a missing part is an empty list or mapping, and the page says it is missing. The
-comparison table, which stdout and the page both show, is report_table.py's. The `report`
-stage (pipelines/stages/report.py) and `offline-agent report RUN_DIR` both write it.
+counts, search trees), so a stopped run, a run without training or one evaluated only for
+base renders too: a missing part is an empty list or mapping, and the page says it is
+missing. The comparison table, which stdout and the page both show, is report_table.py's.
+The `report` stage (pipelines/stages/report.py) and `offline-agent report RUN_DIR` both
+write it.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from datetime import datetime
 from pathlib import Path
 
 from offline_agent.evaluation import BASE, MODE, Episode, EvalConfig, compare, summarize
+from offline_agent.search.concordance import concordance
 from pipelines.report_html import render
-from pipelines.rounds import round_name, trained_policies
+from pipelines.report_table import CONCORDANCE
+from pipelines.rounds import round_name, stored_rounds, trained_policies
 from storage import Store
 
 
@@ -36,6 +39,7 @@ def build_report(store: Store, cfg: EvalConfig) -> dict:
         "config": runs[-1]["config"] if runs else None,
         "policies": policy_results(store, cfg),
         "stages": stage_rows(store),
+        CONCORDANCE: critic_concordance(store),
         "data": {
             "tasks": store.count_by("tasks", "split"),
             "trajectories": store.count_by("trajectories", "source"),
@@ -73,6 +77,14 @@ def stage_rows(store: Store) -> list[dict]:
                      "seconds": None if r.seconds is None else round(r.seconds, 1),
                      "stats": r.stats})
     return rows
+
+
+def critic_concordance(store: Store) -> dict[str, dict]:
+    """{each round's search stage: the stored critic's concordance over its trees}, counted
+    again from the trees, so a merge of shards counts all of them, and a store searched before
+    the search stage recorded the figure shows it too."""
+    stages = [round_name("search", r) for r in stored_rounds(store.trees, "search")]
+    return {stage: concordance(store.tree_statistics(stage)) for stage in stages}
 
 
 def training_curves(store: Store) -> dict[str, list[dict]]:

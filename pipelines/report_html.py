@@ -11,7 +11,13 @@ import io
 import json
 from html import escape
 
-from pipelines.report_table import COLUMNS, comparison_cells
+from pipelines.report_table import (
+    COLUMNS,
+    CONCORDANCE,
+    CONCORDANCE_COLUMNS,
+    comparison_cells,
+    concordance_rows,
+)
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1100px;
@@ -35,6 +41,7 @@ def render(report: dict) -> str:
         "<h2>Success by policy</h2>", _success_chart(report["policies"]),
         "<h2>Training</h2>", _training(report["training"]),
         "<h2>Search</h2>", _search(report["stages"]),
+        "<h2>Critic concordance</h2>", _concordance(report[CONCORDANCE]),
         "<h2>Data</h2>", _data(report["data"]),
         "<h2>Stages</h2>", _stages(report["stages"]),
         "<h2>Config</h2>", _config(report["config"]),
@@ -128,10 +135,22 @@ def _search(stages: list[dict]) -> str:
     rows = [r for r in stages if r["stage"] in ("baseline", "search") and r["stats"]]
     if not rows:
         return _missing("No baseline or search statistics yet.")
-    keys = list(dict.fromkeys(k for r in rows for k in r["stats"]))
+    keys = list(dict.fromkeys(k for r in rows for k in r["stats"] if k != CONCORDANCE))
     header = ["statistic"] + [r["stage"] + (f" [{r['shard']}]" if r["shard"] else "")
                               for r in rows]
     return _table(header, [[k] + [_fmt(r["stats"].get(k)) for r in rows] for k in keys])
+
+
+def _concordance(by_stage: dict[str, dict]) -> str:
+    if not by_stage:
+        return _missing("No search trees yet.")
+    note = ("<p class='note'>pairs of visited sibling actions: how often the critic's scores "
+            "order them as search's returns do (Q_mcts; a terminal action's reward). "
+            "concordance = concordant / n, n = concordant + discordant; 0.5 is chance, ties "
+            "are counted apart; depth is the parent's.</p>")
+    tables = [f"<p>stage {escape(stage)}</p>" + _table(CONCORDANCE_COLUMNS, concordance_rows(c))
+              for stage, c in by_stage.items()]
+    return "".join(tables) + note
 
 
 def _data(data: dict) -> str:

@@ -1,5 +1,6 @@
 """The comparison table of a report: its columns and each policy entry's cells, shared by the
-text table on stdout and the page (report_html.py), so both always show the same numbers.
+text table on stdout and the page (report_html.py), so both always show the same numbers; and
+the critic concordance's rows (the page) and line (`offline-agent status`).
 
 An entry is one of report.json's `policies` (pipelines/report.py `policy_results`).
 """
@@ -49,3 +50,36 @@ def comparison_table(report: dict) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# ---- critic concordance (offline_agent/search/concordance.py) -------------------------------
+CONCORDANCE = "critic_concordance"  # its key in a search stage's stats and in report.json
+
+CONCORDANCE_COLUMNS = ["pairs", "concordance", "n", "concordant", "discordant",
+                       "tied Q", "tied score", "tied both"]
+
+
+def concordance_rows(c: dict) -> list[list[str]]:
+    """The table rows of one concordance dict: all pairs, then per depth, then per env."""
+    groups = [("all", c["overall"])]
+    groups += [(f"depth {d}", v) for d, v in c["by_depth"].items()]
+    groups += [(f"env {e}", v) for e, v in c["by_env"].items()]
+    return [[label, _fmt_concordance(v["concordance"]), str(v["n"]), str(v["concordant"]),
+             str(v["discordant"]), str(v["tied_q"]), str(v["tied_score"]), str(v["tied_both"])]
+            for label, v in groups]
+
+
+def _fmt_concordance(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def concordance_text(c: dict) -> str:
+    """One line for `offline-agent status`: all pairs, then each depth and env, with n."""
+    def one(v: dict) -> str:
+        return f"{_fmt_concordance(v['concordance'])} (n {v['n']})"
+
+    o = c["overall"]
+    parts = [f"{one(o)}, ties Q/score/both {o['tied_q']}/{o['tied_score']}/{o['tied_both']}"]
+    parts += [f"depth {d} {one(v)}" for d, v in c["by_depth"].items()]
+    parts += [f"{e} {one(v)}" for e, v in c["by_env"].items()]
+    return "critic concordance " + "; ".join(parts)

@@ -473,6 +473,20 @@ class Store:
                           "WHERE tree_id IN (SELECT unnest($ids)) ORDER BY node_id",
                           {"ids": [int(t) for t in tree_ids]})
 
+    def tree_statistics(self, stage: str) -> list[tuple[str, list[NodeRow]]]:
+        """Each tree `stage` searched, in id order, as (its task's env, its nodes in id order)
+        with the texts, ids, info and snapshot None (not read): what counts over trees
+        (offline_agent/search/concordance.py) read."""
+        rows = self._select(
+            "nodes", "SELECT tk.env, n.* REPLACE (NULL AS action, NULL AS tool_call, "
+            "NULL AS observation, NULL AS info, NULL AS snapshot, NULL AS token_ids) "
+            "FROM nodes n JOIN trees t USING (tree_id) JOIN tasks tk USING (task_id) "
+            "WHERE t.stage = $stage ORDER BY n.node_id", {"stage": stage})
+        trees: dict[int, tuple[str, list[NodeRow]]] = {}
+        for row in rows:
+            trees.setdefault(row["tree_id"], (row["env"], []))[1].append(NodeRow.from_row(row))
+        return list(trees.values())
+
     # ---- trajectories, pairs, examples -----------------------------------------------------
     def insert_trajectories(self, rows: Sequence[TrajectoryRow], stage: str) -> None:
         self._insert("trajectories", self._dicts(TrajectoryRow, rows), stage=stage)

@@ -103,6 +103,7 @@ def test_status_reads_store(tmp_path, finished, capsys):
     out = capsys.readouterr().out
     assert "tasks" in out and "done" in out and "rows: tasks 6, trees 4" in out
     assert "trajectories 12" in out  # 4 greedy episodes + 4 trees x 2 simulations
+    assert "critic concordance " in out and "'critic_concordance'" not in out  # its own line
     assert main(["status", str(tmp_path / "nothing")]) == 2
     assert "no store at" in capsys.readouterr().err
 

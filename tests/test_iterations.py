@@ -153,6 +153,7 @@ def test_every_round_is_evaluated_and_reported_and_a_rerun_is_a_no_op(two_rounds
     report = json.loads((run_dir / "report" / "report.json").read_text())
     assert [p["policy"] for p in report["policies"]] == ["base", "dpo_step", "dpo_step@2"]
     assert set(report["training"]) == {"dpo_step", "dpo_step@2"}
+    assert set(report["critic_concordance"]) == {"search", "search@2"}  # each round's trees
     assert {s: r["status"] for s, r in again.items()} == {s: "skipped" for s in resumed}
 
 

@@ -135,6 +135,7 @@ def test_report_of_partial_runs(tmp_path):
     assert report["policies"] == [] and report["stages"] == []
     html = write_report(tmp_path / "b", report).read_text()
     assert "No evaluation episodes yet" in html and "<svg" not in html
+    assert report["critic_concordance"] == {} and "No search trees yet" in html
     assert "No run config recorded" in html
     assert comparison_table(report) == "no evaluation episodes in this run yet"
 

@@ -91,6 +91,36 @@ def test_search_stage_stores_trees_and_reruns_as_noop(tmp_path, tiny_model_dir):
     assert snapshot(tmp_path / "r") == snap
 
 
+def test_search_stage_stats_hold_the_critic_concordance(tmp_path, tiny_model_dir):
+    """On an env that lists its moves, search visits siblings: the stage's stats count each
+    pair of visited, scored siblings of the stored trees once (concordant, discordant or
+    tied), per depth and env as in all."""
+    from offline_agent.search.concordance import concordance
+
+    config = tmp_path / "cfg.yaml"
+    config.write_text(
+        f"run: {{name: conc, seed: 0}}\nmodel: {{id: {tiny_model_dir}, device: cpu}}\n"
+        "env: {name: tests.fakes:ListedCorridor, kwargs: {max_steps: 2}, train_tasks: 2, "
+        "test_tasks: 0}\nsearch: {simulations: 6, k: 3, max_depth: 2, trees_per_batch: 2}\n")
+    assert run_search(config, tmp_path / "r") == 0
+    with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
+        agreement = s.stage("search", "0/1").stats["critic_concordance"]
+        assert agreement == concordance(s.tree_statistics("search"))
+        pairs = 0
+        for tree in s.trees("search"):
+            rows = s.load_tree(tree.tree_id)
+            for parent in rows:
+                kids = [r for r in rows if r.parent_id == parent.node_id and r.visits >= 1
+                        and r.critic_score is not None]
+                pairs += len(kids) * (len(kids) - 1) // 2
+    overall = agreement["overall"]
+    ties = overall["tied_q"] + overall["tied_score"] + overall["tied_both"]
+    assert overall["n"] + ties == pairs > 0
+    assert overall["n"] == overall["concordant"] + overall["discordant"]
+    assert sum(d["n"] for d in agreement["by_depth"].values()) == overall["n"]
+    assert agreement["by_env"] == {"corridor": overall}  # the env its tasks name
+
+
 @pytest.mark.parametrize("prefix_cache_gb", [2, 0])
 def test_sigkill_mid_search_then_resume_matches_uninterrupted(tmp_path, tiny_model_dir,
                                                               prefix_cache_gb):

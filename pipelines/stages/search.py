@@ -6,11 +6,14 @@ trees' counters, in one transaction. A crash loses only simulations in flight; o
 re-run each tree is rebuilt from its stored nodes (env snapshots included: JSON data, which
 restoring can never turn into code) and continues from its stored simulation count; a tree
 marked done is never searched again. The rows and the trees rebuilt from them are
-offline_agent/search/persist.py's; the stage reads, writes and commits.
+offline_agent/search/persist.py's; the stage reads, writes and commits. Its stats end with
+the stored critic's concordance with the trees' returns (offline_agent/search/concordance.py),
+counted over every tree of the stage as stored, resumed or skipped ones included.
 """
 
 from __future__ import annotations
 
+from offline_agent.search.concordance import concordance
 from offline_agent.search.mcts import SimulationResult, Tree
 from offline_agent.search.persist import (
     finished_rows,
@@ -21,6 +24,7 @@ from offline_agent.search.persist import (
     tree_row,
 )
 from pipelines.config import make_env
+from pipelines.report_table import CONCORDANCE
 from pipelines.rounds import make_iterate, round_model
 from pipelines.runner import StageContext
 from storage import Store
@@ -98,6 +102,7 @@ def run_search(ctx: StageContext) -> dict:
         stats.update({k: round(v, 3) for k, v in run_stats.items() if k != "tasks_solved"})
     solved = store.solved_tasks("mcts_rollout", ctx.stage)
     stats.update(search_summary([t.id for t in tasks], solved, store.solved_tasks("greedy")))
+    stats[CONCORDANCE] = concordance(store.tree_statistics(ctx.stage))  # the stored critic's
     with store.transaction():
         ctx.mark_done(stats)
     return stats
