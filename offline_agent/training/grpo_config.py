@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from offline_agent.config_fields import config_field as _f
 
-INITS = ("dpo_step", "rft", "dpo_outcome", "base")
+INITS = ("dpo_step", "rft", "dpo_outcome", "dpo_step_outcome", "base")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
 SCALES = ("group", "batch", "none")
 
@@ -18,8 +18,8 @@ class GRPOConfig:
                               "is unchanged)")
     init: str = _f("dpo_step", "adapter GRPO starts from: dpo_step, rft, dpo_outcome (a policy "
                                "of train.policies) or base (a fresh adapter on the base model)")
-    steps: int = _f(20, "optimizer steps (each on freshly sampled groups, num_iterations "
-                        "updates per batch of rollouts)")
+    steps: int = _f(20, "GRPO steps: each samples fresh groups and makes num_iterations "
+                        "optimizer updates on them")
     group_size: int = _f(4, "G: episodes per task that form one group (>= 2: a group of one "
                             "carries no signal)")
     tasks_per_step: int = _f(4, "train tasks per rollout batch, G episodes each")
@@ -51,6 +51,8 @@ class GRPOConfig:
                                   "identical (hashed snapshot JSON) within a task's group and "
                                   "add their normalised returns (GiGPO-style)")
     step_weight: float = _f(1.0, "omega: A = A_episode + omega * A_step (with step_groups)")
+    save_every: int = _f(5, "checkpoint (adapter, optimizer, RNG, the step whose rollouts come "
+                            "next) every this many steps; the final adapter is always saved")
     gamma: float = _f(0.95, "discount of the per-step return a step group normalises")
 
     def __post_init__(self):
@@ -59,7 +61,7 @@ class GRPOConfig:
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"grpo.{name} must be one of {', '.join(allowed)}, got {value!r}")
-        for name in ("steps", "tasks_per_step", "num_iterations", "step_budget"):
+        for name in ("steps", "tasks_per_step", "num_iterations", "step_budget", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"grpo.{name} must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:
