@@ -31,9 +31,9 @@ class GRPOConfig:
                                    "equal to epsilon: symmetric PPO clip)")
     beta: float = _f(0.0, "weight of the per-token K3 KL to the reference (the adapter "
                           "disabled); 0: no KL and no reference forward at all")
-    loss_type: str = _f("dapo", "grpo: mean over each sequence's agent tokens, then over "
-                                "sequences; dapo: sum over the step's agent tokens / their "
-                                "count; dr_grpo: sum / (max agent tokens x sequences), constant")
+    loss_type: str = _f("dapo", "grpo: mean over an episode's agent tokens, then over episodes; "
+                                "dapo: mean over the step's agent tokens; dr_grpo: constant "
+                                "normaliser")
     scale_rewards: str = _f("group", "advantage = reward - group mean, divided by the group's "
                                      "std (group), the batch's std (batch) or nothing (none, "
                                      "Dr. GRPO)")
