@@ -183,3 +183,32 @@ def test_resume_after_sigkill_samples_the_same_next_rollouts_with_the_same_loss(
     for step in (3, 4):
         for key in ("reward_mean", "rollouts", "loss", "ratio"):
             assert resumed[step][key] == pytest.approx(whole[step][key], rel=1e-5, abs=1e-7)
+
+
+def test_on_vllm_each_step_serves_the_adapter_just_updated_under_a_new_id(
+        request, pick_model_dir, tokenizer, tmp_path):
+    """The vLLM path (against the fake module; vLLM needs a GPU): before each step's
+    rollouts the adapter is saved and requested under a new LoRA id, so a stale adapter
+    cannot be served; the rollouts train like the hf path's."""
+    from offline_agent.training.grpo_train import rollout_policy
+    from tests.pick_env import NAMES
+
+    model, _ = setup(tokenizer)  # first: peft imports bitsandbytes, which the fake's cuda confuses
+    fake_vllm = request.getfixturevalue("fake_vllm")
+    names = [tokenizer(n, add_special_tokens=False).input_ids[0] for n in NAMES]
+    draws = iter(range(10**6))
+    fake_vllm.reply = lambda ids: ([names[next(draws) * 7 % 4]], "length", None)
+    policy, sync = rollout_policy(model, tokenizer, pick_model_dir, "vllm", tmp_path, 0, 32, None)
+    cfg = GRPOConfig(enabled=True, init="base", steps=3, group_size=4, tasks_per_step=2, lr=1e-2,
+                     max_resample=0, save_every=1000)
+    seen = []
+    train_grpo(model, policy, Pick, Pick().tasks("train", 4), cfg, tmp_path, seed=0,
+               batch_size=32, pack_tokens=3072, max_tokens=1, sync=sync,
+               on_metrics=lambda s, m: seen.append(m))
+    requests = [call["lora"].args for call in fake_vllm.llms[0].calls]
+    assert [r[1] for r in requests] == [2, 3, 4]  # one generate per (one-turn) step, new ids
+    assert [Path(r[2]).name for r in requests] == ["step-0", "step-1", "step-2"]
+    assert fake_vllm.llms[0].kwargs["enable_lora"] and fake_vllm.llms[0].kwargs[
+        "gpu_memory_utilization"] == 0.5
+    assert sorted(p.name for p in (tmp_path / "serving").iterdir()) == ["initial", "step-2"]
+    assert all("loss" in m for m in seen)  # every step updated the adapter it then served
