@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from offline_agent.chat import history_messages, render_prompt
 from offline_agent.envs.base import Env, StepResult
-from offline_agent.policy.base import Policy, Sampling
+from offline_agent.policy.base import Completion, Policy, Sampling
 from offline_agent.seeding import stable_seed
 from offline_agent.types import Step, Task, ToolCall, Trajectory
 
@@ -40,12 +40,19 @@ def run_episodes(
     seed: int = 0,
     batch_size: int = 16,
     on_done: Callable[[Trajectory], None] | None = None,
+    seeds: list[int] | None = None,
+    on_turn: Callable[[int, str, Completion, Env], None] | None = None,
 ) -> list[Trajectory]:
     """Play every task to the end (done or the env's step limit); returns trajectories in order.
 
     Turn t of a task's episode is sampled with seed `stable_seed(seed, task.id, t)`, so an
     episode does not depend on the other tasks of its batch (or on `batch_size`); a task listed
-    twice plays the same episode twice."""
+    twice plays the same episode twice, unless `seeds` gives each episode its own seed (in
+    place of `seed`: GRPO's group members). `on_turn(i, prompt, completion, env)` sees each
+    sampled action of episode i before the env acts on it (GRPO keeps the ids)."""
+    if seeds is not None and len(seeds) != len(tasks):
+        raise ValueError(f"{len(seeds)} seeds for {len(tasks)} tasks")
+    seeds = seeds if seeds is not None else [seed] * len(tasks)
     out: list[Trajectory | None] = [None] * len(tasks)
     for start in range(0, len(tasks), batch_size):
         chunk = list(range(start, min(start + batch_size, len(tasks))))
@@ -66,10 +73,12 @@ def run_episodes(
                 for i in active
             ]
             sampling = action_sampling(envs[chunk[0]], temperature,
-                                       [stable_seed(seed, tasks[i].id, turn) for i in active],
+                                       [stable_seed(seeds[i], tasks[i].id, turn) for i in active],
                                        [envs[i].call_tools() for i in active])
             completions = policy.sample(prompts, 1, sampling)
-            for i, (completion,) in zip(active, completions):
+            for i, prompt, (completion,) in zip(active, prompts, completions):
+                if on_turn:
+                    on_turn(i, prompt, completion, envs[i])
                 call, result = envs[i].act(completion.text)
                 trajs[i].steps.append(make_step(completion.text, call, result,
                                                 completion.action_ids))

@@ -29,6 +29,7 @@ from offline_agent.mining.config import MineConfig
 from offline_agent.policy.models import DEFAULT_MODEL
 from offline_agent.search.config import SearchConfig
 from offline_agent.training.config import TrainConfig
+from offline_agent.training.grpo_config import GRPOConfig
 
 
 class ConfigError(ValueError):
@@ -103,7 +104,17 @@ class RunConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     mine: MineConfig = field(default_factory=MineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self):
+        g = self.grpo
+        if g.enabled and g.init != "base" and g.init not in self.train.policies:
+            raise ConfigError(f"grpo.init={g.init} is not in train.policies {self.train.policies}: "
+                              "GRPO starts from a policy the train stage trains (or base)")
+        if g.enabled and self.model.constrain != "none":
+            raise ConfigError("grpo.enabled needs model.constrain=none: GRPO's ratio under a "
+                              "grammar's mask is not built yet (docs/training.md)")
 
     # ---- building ----------------------------------------------------------------------
     @classmethod

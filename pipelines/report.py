@@ -47,6 +47,7 @@ def build_report(store: Store, cfg: EvalConfig) -> dict:
             "examples": store.count_by("examples", "kind"),
         },
         "training": training_curves(store),
+        "grpo": [{"step": r.step, **r.data} for r in store.metrics("grpo")],
     }
 
 

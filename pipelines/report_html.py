@@ -40,6 +40,7 @@ def render(report: dict) -> str:
         "<h2>Policies on the held-out test tasks</h2>", _comparison(report["policies"]),
         "<h2>Success by policy</h2>", _success_chart(report["policies"]),
         "<h2>Training</h2>", _training(report["training"]),
+        "<h2>Online GRPO</h2>", _grpo(report.get("grpo", [])),
         "<h2>Search</h2>", _search(report["stages"]),
         "<h2>Critic concordance</h2>", _concordance(report[CONCORDANCE]),
         "<h2>Data</h2>", _data(report["data"]),
@@ -125,6 +126,31 @@ def _training(curves: dict[str, list[dict]]) -> str:
     last = [[name, points[-1]["step"], *(_fmt(points[-1].get(k)) for k in keys)]
             for name, points in curves.items()]
     return _svg(fig) + _table(["policy", "last step", *keys], last)
+
+
+GRPO_PANELS = (("reward_mean", "mean reward of the step's groups"), ("entropy", "entropy"),
+               ("kl", "KL to the reference"), ("clip_fraction", "clip fraction"))
+
+
+def _grpo(points: list[dict]) -> str:
+    """The GRPO stage's health per step: reward, and the known failure signs (entropy
+    collapse, KL drift, clipping)."""
+    from matplotlib.figure import Figure
+
+    if not points:
+        return _missing("No GRPO steps (grpo.enabled is false, or the stage has not run).")
+    fig = Figure(figsize=(14, 3))
+    for ax, (key, title) in zip(fig.subplots(1, len(GRPO_PANELS)), GRPO_PANELS):
+        xy = [(p["step"], p[key]) for p in points if p.get(key) is not None]
+        if xy:
+            ax.plot(*zip(*xy), marker="." if len(xy) < 40 else None)
+        ax.set_xlabel("GRPO step")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    keys = ("reward_mean", "success", "tied_groups", "resampled_groups", "kl", "entropy")
+    last = points[-1]
+    return _svg(fig) + _table(["last step", *keys],
+                              [[last["step"], *(_fmt(last.get(k)) for k in keys)]])
 
 
 def _fmt(value) -> str:

@@ -64,6 +64,9 @@ def fill(store: Store, training: bool = True) -> None:
         store.set_checkpoint("train", "", f"{policy}/final", {"folder": f"x/{policy}", "step": 5})
         store.insert_metrics([MetricRow(policy, s, {"loss": 0.7 - 0.1 * s, "margin": 0.05 * s})
                               for s in range(5)], "train")
+    store.insert_metrics([MetricRow("grpo", s, {"reward_mean": 0.2 + 0.1 * s, "entropy": 1.0,
+                                                "kl": 0.0, "clip_fraction": 0.01})
+                          for s in range(1, 4)], "grpo")
     store.insert_eval_episodes(episodes("rft", set(range(0, N, 4)) | {1}), "eval")
     store.insert_eval_episodes(episodes("dpo_step", set(range(0, N, 2))), "eval")
 
@@ -97,6 +100,8 @@ def test_report_json_numbers(run_dir):
     assert [p["step"] for p in report["training"]["rft"]] == list(range(5))
     assert report["training"]["dpo_step"][4] == {"step": 4, "loss": pytest.approx(0.3),
                                                  "margin": 0.2}
+    assert [p["step"] for p in report["grpo"]] == [1, 2, 3]
+    assert report["grpo"][2]["reward_mean"] == pytest.approx(0.5)
     assert [s["stage"] for s in report["stages"]] == ["tasks", "search"]
     assert report["stages"][1]["stats"]["nodes_per_s"] == 0.6
 
@@ -107,7 +112,7 @@ def test_report_files_and_table(run_dir):
     page = write_report(run_dir, report)
     assert json.loads((run_dir / "report" / "report.json").read_text()) == report
     html = page.read_text()
-    assert html.count("<svg") == 2  # success chart, training curves
+    assert html.count("<svg") == 3  # success chart, training curves, GRPO
     for external in ("<script", "<link", "<img", "src=", "url(http", "href=\"http"):
         assert external not in html  # self-contained: nothing to fetch
     assert "dpo_step" in html and "tasks_solved_by_search" in html
@@ -193,7 +198,7 @@ def test_report_page_in_a_browser(run_dir, tmp_path):
     for policy in policies:
         assert policy in first_cells
     svgs = re.findall(r"<svg.*?</svg>", dom, re.S)
-    assert len(svgs) == 2  # success chart, training curves
+    assert len(svgs) == 3  # success chart, training curves, GRPO
     assert sorted(re.findall(r'<g id="(bar-\d+)"', svgs[0])) == [f"bar-{i}" for i in range(3)]
     for policy in policies:
         assert f">{policy}<" in svgs[0]  # each bar labelled

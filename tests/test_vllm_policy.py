@@ -8,8 +8,6 @@ the same weights: an off-by-one in reading vLLM's prompt log-probs changes the s
 from __future__ import annotations
 
 import json
-import sys
-from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -17,82 +15,6 @@ import torch
 from offline_agent.policy import Sampling
 from offline_agent.policy.base import encode_prompt, row_seeds
 from offline_agent.policy.hf import HFPolicy
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    """The tiny Llama with larger weights: at the default init every log-prob is about
-    -log(vocab), and a shifted read would go unnoticed."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig.from_pretrained(tiny_model_dir)
-    config.initializer_range = 0.2
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
-
-
-@pytest.fixture
-def fake_vllm(monkeypatch, model):
-    """Install a fake `vllm` in sys.modules. Returns its record: `llms` (one per LLM built,
-    each with its constructor kwargs and generate calls), `loras` (LoRARequest args) and
-    `reply`, a function (prompt ids) -> (token ids, finish_reason, stop_reason) that
-    sample requests answer with."""
-    fake = SimpleNamespace(llms=[], loras=[], reply=None)
-
-    class LLM:
-        def __init__(self, **kwargs):
-            self.kwargs, self.calls = kwargs, []
-            fake.llms.append(self)
-
-        def generate(self, prompts, params, use_tqdm, lora_request):
-            params = params if isinstance(params, list) else [params] * len(prompts)
-            self.calls.append({"prompts": prompts, "params": params, "lora": lora_request})
-            return [self._answer(p["prompt_token_ids"], sp) for p, sp in zip(prompts, params)]
-
-        def _answer(self, ids, params):
-            if getattr(params, "prompt_logprobs", None) is not None:
-                return prompt_logprobs(ids)
-            token_ids, reason, stop = fake.reply(ids)
-            # vLLM returns the sampled token's log-prob and, here, a distractor entry
-            steps = [{t: SimpleNamespace(logprob=-0.1 * (i + 1)), t + 1: SimpleNamespace(logprob=0.0)}
-                     for i, t in enumerate(token_ids)]
-            out = SimpleNamespace(token_ids=token_ids, logprobs=steps, finish_reason=reason,
-                                  stop_reason=stop)
-            return SimpleNamespace(outputs=[out])
-
-    def prompt_logprobs(ids):
-        """vLLM's layout: None for the first token, then {token: Logprob} per position with
-        the prompt's own token among them (plus a distractor that a wrong read would pick)."""
-        with torch.no_grad():
-            logp = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
-        entries = [None] + [{ids[t]: SimpleNamespace(logprob=logp[t - 1, ids[t]].item()),
-                             ids[t] + 1: SimpleNamespace(logprob=0.0)}
-                            for t in range(1, len(ids))]
-        return SimpleNamespace(prompt_token_ids=list(ids), prompt_logprobs=entries,
-                               outputs=[SimpleNamespace(token_ids=[0])])
-
-    class LoRARequest:
-        def __init__(self, name, lora_id, path):
-            self.args = (name, lora_id, path)
-            fake.loras.append(self)
-
-    class StructuredOutputsParams:
-        def __init__(self, grammar):
-            self.grammar = grammar
-
-    vllm = ModuleType("vllm")
-    vllm.LLM, vllm.SamplingParams = LLM, lambda **kw: SimpleNamespace(**kw)
-    vllm.TokensPrompt = lambda prompt_token_ids: {"prompt_token_ids": prompt_token_ids}
-    sampling_params = ModuleType("vllm.sampling_params")
-    sampling_params.StructuredOutputsParams = StructuredOutputsParams
-    request = ModuleType("vllm.lora.request")
-    request.LoRARequest = LoRARequest
-    for name, module in {"vllm": vllm, "vllm.sampling_params": sampling_params,
-                         "vllm.lora": ModuleType("vllm.lora"),
-                         "vllm.lora.request": request}.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    return fake
 
 
 def vllm_policy(model_dir, **kwargs):
@@ -149,7 +71,7 @@ def test_rows_carry_the_shared_seeds_and_temperatures(fake_vllm, tiny_model_dir,
     assert [len(cs) for cs in out] == [2, 2]
 
 
-def test_scores_match_the_hf_backend(fake_vllm, tiny_model_dir, tokenizer, model):
+def test_scores_match_the_hf_backend(fake_vllm, tiny_model_dir, tokenizer, scoring_model):
     """choice_logprobs sums vLLM's prompt log-probs over the choice's positions only: equal to
     HFPolicy's scores on the same weights, prompts and choices of different counts."""
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": u}], tokenize=False,
@@ -158,7 +80,7 @@ def test_scores_match_the_hf_backend(fake_vllm, tiny_model_dir, tokenizer, model
     choices = [["A", "B", "C"], [" yes please", "no"]]
     policy = vllm_policy(tiny_model_dir)
     got = policy.choice_logprobs(prompts, choices)
-    want = HFPolicy(model, tokenizer).choice_logprobs(prompts, choices)
+    want = HFPolicy(scoring_model, tokenizer).choice_logprobs(prompts, choices)
     assert [len(g) for g in got] == [3, 2]
     for g, w in zip(got, want):
         assert g == pytest.approx(w, abs=1e-4)

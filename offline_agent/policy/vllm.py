@@ -39,7 +39,9 @@ def max_lora_rank(adapter: str) -> int:
 class VLLMPolicy:
     def __init__(self, model_id: str, device: str = "auto", dtype: str = "auto",
                  max_batch: int = 32, adapter: str | None = None, seed: int = 0,
-                 constrain: str = "none"):
+                 constrain: str = "none", gpu_memory_utilization: float = 0.9):
+        """gpu_memory_utilization: the GPU share vLLM takes; below its 0.9 where the same GPU
+        also trains (the grpo stage)."""
         try:
             import vllm
             from vllm.lora.request import LoRARequest
@@ -51,10 +53,10 @@ class VLLMPolicy:
         if device not in ("auto", "cuda") or not torch.cuda.is_available():
             raise RuntimeError(f"backend 'vllm' runs on a CUDA GPU only (device={device!r}, "
                                f"cuda available: {torch.cuda.is_available()}); use backend 'hf'")
-        self._vllm = vllm
+        self._vllm, self._lora_request = vllm, LoRARequest
         path = resolve_model(model_id)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        lora, self._lora = {}, None
+        lora, self._lora, self._lora_id = {}, None, 1
         if adapter:
             lora = {"enable_lora": True, "max_lora_rank": max_lora_rank(adapter)}
             self._lora = LoRARequest("adapter", 1, str(Path(adapter).resolve()))
@@ -65,10 +67,21 @@ class VLLMPolicy:
             enable_prefix_caching=True,
             max_num_seqs=max_batch,
             logprobs_mode="raw_logprobs",
+            gpu_memory_utilization=gpu_memory_utilization,
             **lora,
         )
         self._rng = torch.Generator().manual_seed(seed)  # seeds calls whose Sampling.seed is None
         self.constrain = constrain
+
+    def use_adapter(self, folder: str) -> None:
+        """Serve the adapter in `folder` from the next call on (the policy must have been built
+        with an adapter, so LoRA is enabled at its rank). It gets a new LoRA id: vLLM keeps
+        adapters by id, so an updated adapter under an old id would be served stale."""
+        if self._lora is None:
+            raise RuntimeError("use_adapter needs a VLLMPolicy built with an adapter")
+        self._lora_id += 1
+        self._lora = self._lora_request(f"adapter-{self._lora_id}", self._lora_id,
+                                        str(Path(folder).resolve()))
 
     def sample(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]:
         """n completions per prompt. Completion.logprobs are under the raw model (temperature 1,

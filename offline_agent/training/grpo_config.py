@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from offline_agent.config_fields import config_field as _f
 
-INITS = ("dpo_step", "rft", "dpo_outcome", "base")
+INITS = ("dpo_step", "rft", "dpo_outcome", "dpo_step_outcome", "base")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
 SCALES = ("group", "batch", "none")
 
@@ -18,8 +18,8 @@ class GRPOConfig:
                               "is unchanged)")
     init: str = _f("dpo_step", "adapter GRPO starts from: dpo_step, rft, dpo_outcome (a policy "
                                "of train.policies) or base (a fresh adapter on the base model)")
-    steps: int = _f(20, "optimizer steps (each on freshly sampled groups, num_iterations "
-                        "updates per batch of rollouts)")
+    steps: int = _f(20, "GRPO steps: each samples fresh groups and makes num_iterations "
+                        "optimizer updates on them")
     group_size: int = _f(4, "G: episodes per task that form one group (>= 2: a group of one "
                             "carries no signal)")
     tasks_per_step: int = _f(4, "train tasks per rollout batch, G episodes each")
@@ -31,9 +31,9 @@ class GRPOConfig:
                                    "equal to epsilon: symmetric PPO clip)")
     beta: float = _f(0.0, "weight of the per-token K3 KL to the reference (the adapter "
                           "disabled); 0: no KL and no reference forward at all")
-    loss_type: str = _f("dapo", "grpo: mean over each sequence's agent tokens, then over "
-                                "sequences; dapo: sum over the step's agent tokens / their "
-                                "count; dr_grpo: sum / (max agent tokens x sequences), constant")
+    loss_type: str = _f("dapo", "grpo: mean over an episode's agent tokens, then over episodes; "
+                                "dapo: mean over the step's agent tokens; dr_grpo: constant "
+                                "normaliser")
     scale_rewards: str = _f("group", "advantage = reward - group mean, divided by the group's "
                                      "std (group), the batch's std (batch) or nothing (none, "
                                      "Dr. GRPO)")
@@ -51,6 +51,8 @@ class GRPOConfig:
                                   "identical (hashed snapshot JSON) within a task's group and "
                                   "add their normalised returns (GiGPO-style)")
     step_weight: float = _f(1.0, "omega: A = A_episode + omega * A_step (with step_groups)")
+    save_every: int = _f(5, "checkpoint (adapter, optimizer, RNG, the step whose rollouts come "
+                            "next) every this many steps; the final adapter is always saved")
     gamma: float = _f(0.95, "discount of the per-step return a step group normalises")
 
     def __post_init__(self):
@@ -59,7 +61,7 @@ class GRPOConfig:
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"grpo.{name} must be one of {', '.join(allowed)}, got {value!r}")
-        for name in ("steps", "tasks_per_step", "num_iterations", "step_budget"):
+        for name in ("steps", "tasks_per_step", "num_iterations", "step_budget", "save_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"grpo.{name} must be >= 1, got {getattr(self, name)}")
         if self.group_size < 2:

@@ -152,8 +152,11 @@ def groups(items: list[list[Encoded]], budget: int) -> list[list[int]]:
     return out
 
 
-def sequence_logps(model, packed: Packed) -> torch.Tensor:
-    """Summed log-prob of each packed sequence's action tokens: shape (num_seqs,), float32.
+def token_logps(model, packed: Packed, temperature: float = 1.0,
+                entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each packed action token (T,), float32, under the logits divided by
+    `temperature` (GRPO's ratio is taken at the sampling temperature), and with `entropy`
+    the entropy of each of those distributions (T,) (no grad).
 
     One forward over the flattened trie. Only the rows that predict an action token reach the
     LM head; log-softmax is taken in float32.
@@ -166,7 +169,21 @@ def sequence_logps(model, packed: Packed) -> torch.Tensor:
     logits = model(input_ids=packed.ids.to(device), position_ids=packed.positions.to(device),
                    attention_mask=bias[None, None].to(device), use_cache=False,
                    logits_to_keep=keep.to(device)).logits[0].float()
-    picked = logits[where.to(device), packed.targets.to(device)]
-    token_logps = picked - logits.logsumexp(-1)[where.to(device)]
-    out = torch.zeros(packed.num_seqs, device=device, dtype=torch.float32)
-    return out.index_add(0, packed.owner.to(device), token_logps)
+    if temperature != 1.0:
+        logits = logits / temperature
+    norm = logits.logsumexp(-1)
+    where = where.to(device)
+    picked = logits[where, packed.targets.to(device)] - norm[where]
+    spread = None
+    if entropy:
+        with torch.no_grad():
+            logp = logits - norm[:, None]
+            spread = -(logp.exp() * logp).sum(-1)[where]
+    return picked, spread
+
+
+def sequence_logps(model, packed: Packed) -> torch.Tensor:
+    """Summed log-prob of each packed sequence's action tokens: shape (num_seqs,), float32."""
+    picked, _ = token_logps(model, packed)
+    out = torch.zeros(packed.num_seqs, device=picked.device, dtype=torch.float32)
+    return out.index_add(0, packed.owner.to(picked.device), picked)

@@ -12,6 +12,7 @@ from pipelines.runner import Stage
 from pipelines.stages.baseline import run_baseline
 from pipelines.stages.eval import run_eval
 from pipelines.stages.export import run_export
+from pipelines.stages.grpo import run_grpo
 from pipelines.stages.mine import run_mine
 from pipelines.stages.report import run_report
 from pipelines.stages.search import run_search
@@ -30,8 +31,9 @@ STAGES: list[Stage] = [
     Stage("mine", ("run", "env", "model", "search", "mine"), run_mine),
     Stage("export", ("run", "env", "model", "search", "mine"), run_export),
     Stage("train", ("run", "env", "model", "search", "mine", "train"), run_train),
+    Stage("grpo", ("run", "env", "model", "search", "mine", "train", "grpo"), run_grpo),
     # eval depends on everything that made the adapters it evaluates
-    Stage("eval", ("run", "env", "model", "search", "mine", "train", "eval"), run_eval),
+    Stage("eval", ("run", "env", "model", "search", "mine", "train", "grpo", "eval"), run_eval),
     # Reads only what earlier stages stored; `offline-agent report RUN_DIR` re-renders it.
     Stage("report", (), run_report),
 ]

@@ -32,7 +32,10 @@ def eval_policies(store, run_dir: Path, r: int = 1) -> dict[str, str | None]:
     """{policy: adapter folder}: base (no adapter; round 1 only), then each policy round r
     trained, named for its round. A relative folder is relative to the run directory."""
     out: dict[str, str | None] = {BASE: None} if r == 1 else {}
-    for name, value in store.final_checkpoints(round_name("train", r)).items():
+    finals = store.final_checkpoints(round_name("train", r))
+    if r == 1:  # GRPO refines round 1's policy (stage grpo)
+        finals.update(store.final_checkpoints("grpo"))
+    for name, value in finals.items():
         name = round_name(name, r)
         folder = Path(value["folder"])
         folder = folder if folder.is_absolute() else run_dir / folder
