@@ -1,9 +1,9 @@
 """Scoring and prefill levers, old vs new side by side inside one real search.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/scoring_levers.py   # a few minutes
-    .venv/bin/python benchmarks/scoring_levers.py --tasks 2 --max-depth 3    # shorter
+    .venv/bin/python benchmarks/scoring_levers.py --kernels-only            # the attention op alone
 
-A real MiniShop search (the demo's search settings, fewer trees, one simulation) runs on the
+A real MiniShop search (the demo's search settings; 2 trees, 3 simulations, depth 4) runs on the
 embedded model. Every choice_logprobs call it makes (rank_available's listed actions with and
 without the task, the critic's labels) runs three ways, each from the same prefix-cache state
 (PrefixCache.fork), in rotating order:
@@ -17,7 +17,8 @@ Every prefill of a sample call (HFPolicy._extend) runs three ways the same way: 
 sdpa (repeat_kv), grouped query rows (below, the alternative) and policy/attention.py's.
 Printed: seconds and tokens/s per lever with the ratio, the largest |log-prob| difference and
 how many rankings agree; the prefill's padding waste and the prefix cache's hit rate, the
-prompts replayed through block sizes 8/16/32; and the attention kernel alone at search shapes
+prompts replayed through block sizes 8/16/32 (counted) and --blocks (timed, after the search);
+and the attention kernel alone at search shapes
 (repeat_kv + sdpa, grouped queries, sdpa's enable_gqa with a mask). Timings are wall-clock
 sums over the search's calls; on a shared machine only the ratios mean anything.
 """
@@ -37,6 +38,7 @@ from offline_agent.envs.base import load_env
 from offline_agent.policy import DEFAULT_MODEL, load_policy
 from offline_agent.policy.attention import NAME
 from offline_agent.policy.base import encode_prompt
+from offline_agent.policy.kv_buffer import HEADROOM
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
 from offline_agent.search.mcts import Tree
@@ -107,7 +109,8 @@ class SideBySide:
         self.seconds, self.tokens = defaultdict(float), defaultdict(int)
         self.calls = itertools.count()
         self.max_diff, self.same_order, self.orders = 0.0, 0, 0
-        self.scoring = False
+        self.scoring, self.scoring_new = False, 0
+        self.tree_widths: list[int] = []  # per scored prompt: its row's tokens in the tree
         self.record = True  # _extend calls of the kept variant go to `prefills`
         self.prefills: list[tuple[list[list[int]], list[int]]] = []  # (contexts, cached)
         policy.choice_logprobs, policy._extend = self.choice_logprobs, self._extend_wrapper
@@ -137,15 +140,17 @@ class SideBySide:
 
     def choice_logprobs(self, prompts, choices):
         tok = self.policy.tokenizer
-        scored = sum(len(tok(c, add_special_tokens=False).input_ids) for cs in choices for c in cs)
-        self.scoring = True
+        lengths = [[len(tok(c, add_special_tokens=False).input_ids) for c in cs] for cs in choices]
+        widths = [1 + sum(max(n - 1, 0) for n in ns) for ns in lengths]
+        self.tree_widths += widths
+        self.scoring, self.scoring_new = True, 0
         got, out = self._variants([
             ("score old", "sdpa", lambda: old_choice_logprobs(self.policy, prompts, choices)),
             ("score tree", "sdpa", lambda: self.choice(prompts, choices)),
             ("score tree+gqa", NAME, lambda: self.choice(prompts, choices))])
         self.scoring = False
-        for name in got:
-            self.tokens[name] += scored
+        for name in got:  # the tokens the forwards must compute: new prompt tokens, trees
+            self.tokens[name] += self.scoring_new + sum(widths)
         for values in zip(*got.values()):
             for a, b in itertools.combinations(values, 2):
                 self.max_diff = max([self.max_diff, *(abs(x - y) for x, y in zip(a, b))])
@@ -156,11 +161,12 @@ class SideBySide:
     def _extend_wrapper(self, contexts):
         probe = self.policy.prefix_cache.fork()
         cached = [len(probe.match(c)) * probe.block_size for c in contexts]
+        new = sum(len(c) - m for c, m in zip(contexts, cached))
         if self.record:
             self.prefills.append((contexts, cached))
         if self.scoring:
+            self.scoring_new += new if self.record else 0
             return self.extend(contexts)
-        new = sum(len(c) - m for c, m in zip(contexts, cached))
         _, out = self._variants([("prefill sdpa", "sdpa", lambda: self.extend(contexts)),
                                  ("prefill grouped", GROUPED, lambda: self.extend(contexts)),
                                  ("prefill gqa", NAME, lambda: self.extend(contexts))])
@@ -186,10 +192,32 @@ def replay_blocks(prefills, size: int) -> tuple[int, int]:
     return computed, total
 
 
+def timed_blocks(bench: SideBySide, sizes: list[int]) -> None:
+    """The search's prefills (sample and scoring, in order) replayed through prefix caches of
+    each block size, side by side per call: seconds and tokens computed."""
+    from offline_agent.policy.prefix_cache import PrefixCache
+
+    policy, kept = bench.policy, bench.policy.prefix_cache
+    caches = {size: PrefixCache(size, kept.max_bytes) for size in sizes}
+    seconds = dict.fromkeys(sizes, 0.0)
+    policy.model.set_attn_implementation(NAME)
+    with torch.inference_mode():
+        for i, (contexts, _) in enumerate(bench.prefills):
+            for size in sizes[i % len(sizes):] + sizes[:i % len(sizes)]:
+                policy.prefix_cache = caches[size]
+                start = time.perf_counter()
+                bench.extend(contexts)
+                seconds[size] += time.perf_counter() - start
+    policy.prefix_cache = kept
+    print("prefills replayed with each block size (same calls, same order): "
+          + ", ".join(f"block {size}: {seconds[size]:.1f} s" for size in sizes)
+          + f"; ratio {sizes[-1]}/{sizes[0]}: {seconds[sizes[-1]] / seconds[sizes[0]]:.2f}x")
+
+
 def report(bench: SideBySide, search_seconds: float) -> None:
     s, n = bench.seconds, bench.tokens
     print(f"\nsearch wall time {search_seconds:.0f} s (every variant of every call included)")
-    print(f"{'variant':<16}{'seconds':>9}{'tokens/s':>10}   (score: choice tokens; prefill: new tokens)")
+    print(f"{'variant':<16}{'seconds':>9}{'tokens/s':>10}   (forward tokens: new prompt tokens, tree rows)")
     for name in s:
         print(f"{name:<16}{s[name]:>9.2f}{n[name] / max(s[name], 1e-9):>10.1f}")
     print(f"lever 1, tree vs one row per pair (sdpa both): {s['score old'] / s['score tree']:.2f}x")
@@ -199,6 +227,9 @@ def report(bench: SideBySide, search_seconds: float) -> None:
     print(f"levers 1+2, scoring:                           {s['score old'] / s['score tree+gqa']:.2f}x")
     print(f"max |log-prob difference| between variants: {bench.max_diff:.2e}; "
           f"rankings equal in {bench.same_order} of {bench.orders} prompts")
+    widths = sorted(bench.tree_widths)
+    print(f"tree row widths: median {widths[len(widths) // 2]}, max {widths[-1]}, "
+          f"{sum(w > HEADROOM for w in widths)} of {len(widths)} over the KV buffer's room ({HEADROOM})")
     rows = [(len(contexts), max(len(x) - m for x, m in zip(contexts, cached)))
             for contexts, cached in bench.prefills]  # (batch, width) per call
     real = sum(len(x) - m for contexts, cached in bench.prefills for x, m in zip(contexts, cached))
@@ -255,9 +286,11 @@ def attention_kernels() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--tasks", type=int, default=4)
-    ap.add_argument("--simulations", type=int, default=1)
-    ap.add_argument("--max-depth", type=int, default=6)
+    ap.add_argument("--tasks", type=int, default=2)
+    ap.add_argument("--simulations", type=int, default=3)
+    ap.add_argument("--max-depth", type=int, default=4)
+    ap.add_argument("--blocks", type=int, nargs="*", default=[16, 32],
+                    help="block sizes to replay the search's prefills through, timed")
     ap.add_argument("--kernels-only", action="store_true", help="only the attention op timings")
     args = ap.parse_args()
     print(f"threads {torch.get_num_threads()}, load average at start {open('/proc/loadavg').read().split()[:3]}")
@@ -277,6 +310,8 @@ def main() -> None:
     Searcher(policy, make_env, cfg, Critic(policy, make_env())).run(trees, lambda _: None,
                                                                     progress=False)
     report(bench, time.perf_counter() - start)
+    if args.blocks:
+        timed_blocks(bench, args.blocks)
     print(f"load average at end {open('/proc/loadavg').read().split()[:3]}")
 
 

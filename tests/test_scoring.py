@@ -51,10 +51,11 @@ def test_tree_choices_equal_plain_forwards(policy, tokenizer):
     base = tokenizer.apply_chat_template(
         [system, {"role": "user", "content": "Find the population of Paris."}],
         tokenize=False, add_generation_prompt=True)
-    prompts = [base, base + 'search[paris]<|im_end|>\n<|im_start|>user\n2.1 million', "Hi", base]
+    prompts = [base, base + 'search[paris]<|im_end|>\n<|im_start|>user\n2.1 million', "Hi", base,
+               "Nothing to score"]
     choices = [["A", "B", "C"], ['{"tool": "search", "arguments": {}}', "B", "", "no"],
                ["a long continuation of many tokens, longer than the others", "A"],
-               ["B", "click[red]"]]
+               ["B", "click[red]"], []]
     plain = policy.model
     want = [[naive(plain, encode_prompt(tokenizer, p), tokenizer(c, add_special_tokens=False)
                    .input_ids) for c in cs] for p, cs in zip(prompts, choices)]
@@ -67,7 +68,7 @@ def test_tree_choices_equal_plain_forwards(policy, tokenizer):
             policy.max_batch = 32
         for g, w in zip(got, want):
             assert g == pytest.approx(w, abs=1e-4)
-        assert got[1][2] == 0.0
+        assert got[1][2] == 0.0 and got[4] == []
     assert len(policy.prefix_cache) > 0
 
 

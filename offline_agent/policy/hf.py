@@ -137,7 +137,7 @@ class HFPolicy:
         distinct: dict[tuple[int, ...], dict[tuple[int, ...], None]] = {}
         for p, cs in zip(ids, encoded):  # a repeated prompt or choice is scored once
             distinct.setdefault(p, {}).update(dict.fromkeys(cs))
-        rows = [(p, list(cs)) for p, cs in distinct.items()]
+        rows = [(p, list(cs)) for p, cs in distinct.items() if cs]
         scores: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
         for start in range(0, len(rows), self.max_batch):
             chunk = rows[start:start + self.max_batch]
@@ -153,8 +153,11 @@ class HFPolicy:
         length = mask.shape[1]
         attend = torch.cat([mask.bool()[:, None, None, :].expand(-1, 1, tree.width, length),
                             tree.mask[:, None].to(self.device)], dim=-1)
+        dtype = self.model.get_output_embeddings().weight.dtype  # additive: sdpa and eager
+        additive = torch.zeros(attend.shape, dtype=dtype, device=self.device).masked_fill_(
+            ~attend, torch.finfo(dtype).min)
         positions = mask.sum(1, keepdim=True) + tree.depth.to(self.device)
-        hidden = self.model.get_decoder()(tree.tokens.to(self.device), attention_mask=attend,
+        hidden = self.model.get_decoder()(tree.tokens.to(self.device), attention_mask=additive,
                                           position_ids=positions, cache=cache).last_hidden_state
         at, which = tree.predictor.to(self.device).unique(return_inverse=True)
         logits = self.model.get_output_embeddings()(hidden.reshape(-1, hidden.shape[-1])[at])
