@@ -41,7 +41,9 @@ AttentionMaskInterface.register(NAME, sdpa_mask)  # the same masks as sdpa
 
 
 def use_gqa_sdpa(model) -> None:
-    """Switch a model on transformers' sdpa attention to this one (the same function of its
-    inputs); a model on any other implementation (eager, flash) is left as it is."""
-    if model.config._attn_implementation == "sdpa":
+    """Switch a CPU model on transformers' sdpa attention to this one (the same function of
+    its inputs). Left as they are: other implementations (eager, flash) and CUDA models, where
+    SDPA's masked GQA falls back to the math kernel (transformers' use_gqa_in_sdpa) and this
+    has not been measured."""
+    if model.device.type == "cpu" and model.config._attn_implementation == "sdpa":
         model.set_attn_implementation(NAME)
