@@ -29,7 +29,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from .adapters import merge_adapter
+from .attention import use_gqa_sdpa
 from .base import Completion, Sampling, call_rows, encode_prompt, make_completion
+from .choices import choice_tree
 from .grammar import CallGrammar, prompt_grammars
 from .kv_buffer import HEADROOM, new_cache
 from .models import resolve_model
@@ -55,6 +57,7 @@ class HFPolicy:
         """`model` is used as it is: from_pretrained puts it in eval mode; a caller passing a model
         it trains (GRPO) does so itself and calls clear_cache() after each update."""
         self.model = model
+        use_gqa_sdpa(model)  # the same attention without copying K/V per query head
         self.tokenizer = tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -122,31 +125,49 @@ class HFPolicy:
         """For each prompt, the summed log-prob of each of its choices as the continuation.
 
         Prompt and choice are tokenized apart and their ids concatenated, as in generation.
-        Each chunk of max_batch (prompt, choice) pairs costs one prefill of its distinct
-        prompts (common prefix once) and one forward of [last prompt token][choice][pad].
+        Each chunk of max_batch distinct prompts costs one prefill (common prefix once, past
+        the prefix cache) and one forward of one row per prompt: its last token, then every
+        choice's tokens but the last, each choice attending to the prompt and to its own
+        earlier tokens only (policy/choices.py). No prompt KV is copied per choice, and a
+        single-token choice (the critic's labels) is read from the last token's logits.
         """
-        ids = [encode_prompt(self.tokenizer, p) for p in prompts]
-        pairs = [(i, self.tokenizer(c, add_special_tokens=False).input_ids)
-                 for i, cs in enumerate(choices) for c in cs]
-        flat: list[float] = []
-        for start in range(0, len(pairs), self.max_batch):
-            chunk = pairs[start:start + self.max_batch]
-            cache, mask = self._prefill([ids[i] for i, _ in chunk])
-            width = 1 + max(len(c) for _, c in chunk)
-            tokens = torch.full((len(chunk), width), self.tokenizer.pad_token_id, device=self.device)
-            new = torch.zeros_like(tokens)
-            for row, (i, c) in enumerate(chunk):  # right-padded
-                tokens[row, :1 + len(c)] = torch.tensor(ids[i][-1:] + c)
-                new[row, :1 + len(c)] = 1
-            positions = mask.sum(1, keepdim=True) + torch.arange(width, device=self.device)
-            logits = self.model(tokens, attention_mask=torch.cat([mask, new], 1),
-                                position_ids=positions, cache=cache).logits
-            logp = logits[:, :-1].float().log_softmax(-1).gather(2, tokens[:, 1:, None])[..., 0]
-            flat += (logp * new[:, 1:]).sum(1).tolist()
-        out, at = [], 0
+        ids = [tuple(encode_prompt(self.tokenizer, p)) for p in prompts]
+        encoded = [[tuple(self.tokenizer(c, add_special_tokens=False).input_ids) for c in cs]
+                   for cs in choices]
+        distinct: dict[tuple[int, ...], dict[tuple[int, ...], None]] = {}
+        for p, cs in zip(ids, encoded):  # a repeated prompt or choice is scored once
+            distinct.setdefault(p, {}).update(dict.fromkeys(cs))
+        rows = [(p, list(cs)) for p, cs in distinct.items() if cs]
+        scores: dict[tuple[tuple[int, ...], tuple[int, ...]], float] = {}
+        for start in range(0, len(rows), self.max_batch):
+            chunk = rows[start:start + self.max_batch]
+            got = self._score_rows([list(p) for p, _ in chunk], [cs for _, cs in chunk])
+            for (p, cs), values in zip(chunk, got):
+                scores.update({(p, c): v for c, v in zip(cs, values)})
+        return [[scores[p, c] for c in cs] for p, cs in zip(ids, encoded)]
+
+    def _score_rows(self, rows: list[list[int]], choices: list[list[tuple[int, ...]]]):
+        """Summed log-probs of each row's choices (token ids) after the row (distinct prompts)."""
+        cache, mask = self._prefill(rows)
+        tree = choice_tree([r[-1] for r in rows], choices, self.tokenizer.pad_token_id)
+        length = mask.shape[1]
+        attend = torch.cat([mask.bool()[:, None, None, :].expand(-1, 1, tree.width, length),
+                            tree.mask[:, None].to(self.device)], dim=-1)
+        dtype = self.model.get_output_embeddings().weight.dtype  # additive: sdpa and eager
+        additive = torch.zeros(attend.shape, dtype=dtype, device=self.device).masked_fill_(
+            ~attend, torch.finfo(dtype).min)
+        positions = mask.sum(1, keepdim=True) + tree.depth.to(self.device)
+        hidden = self.model.get_decoder()(tree.tokens.to(self.device), attention_mask=additive,
+                                          position_ids=positions, cache=cache).last_hidden_state
+        at, which = tree.predictor.to(self.device).unique(return_inverse=True)
+        logits = self.model.get_output_embeddings()(hidden.reshape(-1, hidden.shape[-1])[at])
+        logp = logits.float().log_softmax(-1)[which, tree.target.to(self.device)]
+        sums = torch.zeros(tree.num_choices, device=self.device).index_add_(
+            0, tree.choice.to(self.device), logp).tolist()
+        out, k = [], 0
         for cs in choices:
-            out.append(flat[at:at + len(cs)])
-            at += len(cs)
+            out.append(sums[k:k + len(cs)])
+            k += len(cs)
         return out
 
     def _generate(self, rows: list[list[int]], seeds: list[int], temperatures: list[float],
@@ -221,7 +242,10 @@ class HFPolicy:
         if self.prefix_cache.max_bytes and shared // size > len(self.prefix_cache.match(contexts[0][:shared])):
             self._extend([contexts[0][:shared]])
         cache, mask = self._extend(contexts)
-        index = torch.tensor([where[tuple(r)] for r in rows], device=self.device)
+        index = [where[tuple(r)] for r in rows]
+        if index == list(range(len(contexts))):  # distinct rows: the cache is theirs as it is
+            return cache, mask
+        index = torch.tensor(index, device=self.device)
         cache.batch_select_indices(index)
         return cache, mask[index]
 

@@ -29,6 +29,15 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def fork(self) -> PrefixCache:
+        """A cache in this one's state that changes apart from it (the kept tensors are shared:
+        blocks are never written after they are stored). Lets a benchmark run two code paths
+        from the same state."""
+        other = PrefixCache(self.block_size, self.max_bytes)
+        other.bytes, other._next = self.bytes, self._next
+        other._ids, other._blocks = dict(self._ids), OrderedDict(self._blocks)
+        return other
+
     def match(self, ids: list[int]) -> list[int]:
         """Block ids of the longest cached prefix of `ids` (whole blocks only), marked as used."""
         parent, found, size = 0, [], self.block_size
