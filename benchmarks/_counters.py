@@ -11,7 +11,9 @@ backend and tomorrow's:
   way the contract says backends do (`encode_prompt`, choices tokenized apart) and adds every
   sequence the model had to see into a `PrefixSet` that is never evicted. The tokens a
   perfect prefix cache would have computed are the new prefixes; whatever the model forwarded
-  beyond that was recomputed (or padding, counted apart).
+  beyond that was recomputed (or padding, counted apart). A new Policy entry point (a
+  streaming or continuous-batching call) needs its wrapper here: until then its stage shows
+  policy_calls 0 and every forwarded token as recomputed, which is hard to miss.
 - For training forwards (no KV cache) the hooks read each token's prefix from the forward
   itself: a packed prefix trie's 4D mask gives each token's parent, a 2D mask gives plain rows.
 - `Clock` splits wall time into exclusive categories (model, policy, tokenizer, env, duckdb,

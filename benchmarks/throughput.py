@@ -1,8 +1,8 @@
 """Where the time goes: the backend's peak tokens/s, and the same counters inside one real
 search, one greedy eval and one DPO step, each with the share of peak it reaches.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/throughput.py          # < 10 min, 2 cores
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/throughput.py --quick  # < 3 min
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/throughput.py
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/throughput.py --quick  # smaller stages
     .venv/bin/python benchmarks/throughput.py --profile     # + torch.profiler top ops
 
 1. Peak, on the embedded model (float32, CPU), with real MiniShop prompts: a prefill of one
@@ -26,7 +26,9 @@ the best peak forward tokens/s (the training peak for the DPO step); "mix share"
 the stage's prefill and decode tokens would take at the best prefill and decode peaks, over
 its wall time. The last line is all figures as JSON (diff two runs).
 
-Timings are wall-clock, each taken once (peaks: best of --reps). With other processes on
+The default run took 721 s on the 2-core machine while other jobs kept its load average
+at 5.7-6.6 (so every figure there is pessimistic, the peaks included). Timings are
+wall-clock, each taken once (peaks: best of --reps). With other processes on
 the machine only ratios measured in one run are trustworthy; the load average is printed.
 """
 
@@ -36,6 +38,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,6 +62,11 @@ def make_env():
 
 
 # ---- 1. peak -------------------------------------------------------------------------------------
+def note(text: str) -> None:
+    """Progress on stderr (the tables go to stdout)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
 def best_seconds(fn, reps: int) -> float:
     best = float("inf")
     for _ in range(reps):
@@ -89,24 +97,40 @@ def suffix_rate(model, rows: list[list[int]], prefix: int, reps: int) -> float:
 
     def step():
         model(ids[:, prefix:], cache=cache, logits_to_keep=1)
-        cache.crop(prefix)
+        cache.crop(-(ids.shape[1] - prefix))  # transformers 5: the number of tokens to drop
     return ids[:, prefix:].numel() / best_seconds(step, reps)
 
 
 @torch.inference_mode()
-def decode_rate(model, context: list[int], batch: int, steps: int, reps: int) -> float:
-    """Decode steps of `batch` rows, each with `context` in its KV cache."""
+def context_kv(model, context: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Keys and values of `context` per layer, [1, kv heads, len(context), dim] each."""
     cache = new_cache(model.config.num_hidden_layers)
     model(torch.tensor([context]), cache=cache, logits_to_keep=1)
-    cache.batch_repeat_interleave(batch)
-    token = torch.full((batch, 1), context[-1])
+    return [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
 
-    def run():
+
+@torch.inference_mode()
+def decode_rate(model, kv, last: int, batch: int, steps: int, reps: int) -> float:
+    """Decode steps of `batch` rows, each with the context `kv` (context_kv) in its cache."""
+    filled = kv[0][0].shape[2]
+
+    def fresh():
+        return new_cache(model.config.num_hidden_layers,
+                         [(torch.cat([k.expand(batch, -1, -1, -1), k.new_zeros(
+                             batch, k.shape[1], steps, k.shape[3])], 2),
+                           torch.cat([v.expand(batch, -1, -1, -1), v.new_zeros(
+                             batch, v.shape[1], steps, v.shape[3])], 2)) for k, v in kv],
+                         filled=filled)
+    token = torch.full((batch, 1), last)
+    best = float("inf")
+    for _ in range(reps):
+        cache = fresh()  # untimed: a copy of the context per row, with room for the steps
+        start = time.perf_counter()
         for _ in range(steps):
             model(token, cache=cache)
-        cache.crop(len(context))
-    run()  # the cache's buffers are allocated at the first step
-    return batch * steps / best_seconds(run, reps)
+        best = min(best, time.perf_counter() - start)
+        del cache
+    return batch * steps / best
 
 
 def train_rate(model, row: list[int], reps: int) -> float:
@@ -131,13 +155,19 @@ def peaks(policy, lora, pairs, args) -> dict:
     suffix = max(1, round(statistics.mean(len(ids[i + 1]) - len(ids[i])
                                           for i in range(len(ids) - 1) if i % 4 < 3)))
     shapes = {"prompt_tokens": length, "suffix_tokens": suffix, "decode_context": len(deep)}
+    prefill_rate(model, [deep[:64]], 1)  # warm-up: the first forward and backward are slower
+    train_rate(lora, deep[:64], 1)
     out = {f"prefill_b1_{length}": prefill_rate(model, eight[:1], args.reps),
            f"prefill_b8_{length}": prefill_rate(model, eight, args.reps)}
     long = [r + r[:suffix] for r in eight]  # same length; the suffix tokens are real ids
     out[f"suffix_b8_{suffix}_after_{length}"] = suffix_rate(model, long, length, args.reps)
+    note(f"peak: prefill and suffix done {out}")
+    kv = context_kv(model, deep[:-1])
     for batch in (1, 8, 16, 32):
-        out[f"decode_b{batch}_ctx{len(deep)}"] = decode_rate(model, deep, batch, args.decode_steps,
-                                                             args.reps)
+        out[f"decode_b{batch}_ctx{len(deep)}"] = decode_rate(model, kv, deep[-1], batch,
+                                                             args.decode_steps, args.reps)
+    del kv
+    note(f"peak: decode done {out}")
     out[f"train_fwd_bwd_{length}"] = train_rate(lora, first[0][:length], args.reps)
     return {"shapes": shapes, "tokens_per_s": out}
 
@@ -341,10 +371,13 @@ def main() -> None:
     peak = peaks(policy, lora, pairs, args)
     wanted = args.stages.split(",")
     runs: list[tuple[str, Watch, dict]] = []
+    note(f"peak done {peak}")
     if "search" in wanted:
         runs.append(("search", *search_stage(policy, args)))
+        note(f"search done in {runs[-1][1].wall:.0f} s")
     if "eval" in wanted:
         runs.append(("eval", *eval_stage(policy, args)))
+        note(f"eval done in {runs[-1][1].wall:.0f} s")
     if "dpo" in wanted:
         runs += dpo_stages(lora, train_tok, args)
     stages = {}
