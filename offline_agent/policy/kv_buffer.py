@@ -66,6 +66,64 @@ class RoomyLayer(DynamicLayer):
         else:
             super().batch_select_indices(indices)
 
+    def select(self, rows: torch.Tensor, start: int) -> None:
+        """Keep only `rows`, and only the columns from `start` on (one copy, room kept)."""
+        if not self._owns_views():
+            self._reserve(self.keys.shape[-2])
+        filled = self.keys.shape[-2] - start
+        self._k, self._v = self._k[rows, :, start:], self._v[rows, :, start:]
+        self.keys, self.values = self._k[:, :, :filled], self._v[:, :, :filled]
+
+    def widen(self, batch: int, left: int) -> None:
+        """Room for `batch` rows and `left` more columns before the first (zeros there)."""
+        rows, heads, filled, dim = self.keys.shape
+        k = self.keys.new_zeros(batch, heads, left + filled + HEADROOM, dim)
+        v = torch.zeros_like(k)
+        k[:rows, :, left:left + filled] = self.keys
+        v[:rows, :, left:left + filled] = self.values
+        self.adopt(k, v, left + filled)
+
+    def place(self, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write `keys`/`values` ([len(rows), heads, n, dim]) as the last n columns of `rows`."""
+        if not self._owns_views():
+            self._reserve(self.keys.shape[-2])
+        filled, n = self.keys.shape[-2], keys.shape[-2]
+        self._k[rows, :, filled - n:filled] = keys
+        self._v[rows, :, filled - n:filled] = values
+
+
+def insert_rows(cache, mask: torch.Tensor, rows: list[int], new, new_mask: torch.Tensor
+                ) -> torch.Tensor:
+    """Put the rows of cache `new` (attention mask `new_mask`) into rows `rows` of `cache`
+    (mask `mask`), whose other rows go on decoding; returns the batch's new mask. A row index
+    past the batch adds a row; a new row shorter than the batch is left-padded, a longer one
+    pads the whole batch on the left (a copy, as growing the batch is). Layout per row stays
+    [pad][...][pad][new]: the mask hides the pad, positions count only real tokens."""
+    (batch, width), (_, new_width) = mask.shape, new_mask.shape
+    grow_to, left = max(batch, max(rows) + 1), max(0, new_width - width)
+    if grow_to > batch or left:
+        for layer in cache.layers:
+            layer.widen(grow_to, left)
+        mask = torch.cat([mask.new_zeros(batch, left), mask], 1)
+        mask = torch.cat([mask, mask.new_zeros(grow_to - batch, mask.shape[1])])
+    index = torch.tensor(rows, device=mask.device)
+    for layer, fresh in zip(cache.layers, new.layers):
+        layer.place(index, fresh.keys, fresh.values)
+    mask[index] = 0
+    mask[index, mask.shape[1] - new_width:] = new_mask
+    return mask
+
+
+def select_rows(cache, mask: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Keep only `rows` of the batch, without the left columns that are pad in all of them;
+    returns their mask."""
+    index = torch.tensor(rows, device=mask.device)
+    mask = mask[index]
+    start = int(mask.argmax(1).min())  # the first real column of any kept row
+    for layer in cache.layers:
+        layer.select(index, start)
+    return mask[:, start:]
+
 
 def new_cache(num_layers: int, buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
               filled: int = 0):
