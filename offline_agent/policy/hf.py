@@ -1,6 +1,6 @@
 """transformers backend: batched sampling and scoring on CPU or GPU.
 
-A short decode loop of our own instead of `model.generate`, because it gives us three things
+A short decode loop of our own instead of `model.generate`, because it gives us four things
 that generate does not, cheaply:
 
 - Each row (prompt i, sample j) draws from its own generator seeded by (call seed, row index),
@@ -12,6 +12,12 @@ that generate does not, cheaply:
   the n samples of a prompt share the whole prompt, and the next step of an episode extends
   the last one. So each distinct prompt is computed once, only past the longest prefix the
   PrefixCache holds from earlier calls, and the KV cache is then expanded to the n rows.
+- Rows end at different steps (eos, stop strings). A finished row's slot takes the next
+  pending row (the rest of a call past max_batch, or through `serve` the next request, e.g.
+  an episode's next turn): its prompt is prefilled and merged into the running cache
+  (kv_buffer.insert_rows), so the batch stays full. A finished row with none to replace it
+  stays in the batch, its tokens ignored, until COMPACT_AT of the KV a step reads is dead;
+  then one copy drops the dead rows and the left pad no live row needs.
 
 With constrain="tools", a row asked with tools decodes under the grammar of one tool call
 (policy/grammar.py, policy/constrained.py): its own xgrammar matcher masks the logits it
