@@ -107,3 +107,34 @@ def test_serve_equals_lockstep_sample_calls(policy, temperature):
         policy.max_batch = 32
     assert len(served) == 3 * len(RAW)
     assert served == lockstep
+
+
+def test_insert_and_select_rows_keep_the_padded_layout():
+    from offline_agent.policy.kv_buffer import insert_rows, new_cache, select_rows
+
+    def cache_of(keys):  # a buffer without room
+        return new_cache(1, [(keys.clone(), -keys)], filled=keys.shape[2])
+
+    def ones(*widths):  # left-padded mask rows of `widths` real columns, as wide as the widest
+        return torch.tensor([[0] * (max(widths) - w) + [1] * w for w in widths])
+
+    torch.manual_seed(0)
+    a, b, c = torch.randn(2, 1, 3, 2), torch.randn(1, 1, 5, 2), torch.randn(1, 1, 2, 2)
+    cache = cache_of(a)
+    mask = insert_rows(cache, ones(3, 3), [1], cache_of(b), torch.tensor([[0, 1, 1, 1, 1]]))
+    layer, zero = cache.layers[0], torch.zeros(1, 2, 2)
+    assert mask.tolist() == [[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]]
+    assert torch.equal(layer.keys[0], torch.cat([zero, a[0]], 1)) and torch.equal(layer.keys[1], b[0])
+    assert torch.equal(layer.values[1], -b[0])
+    buffer = layer._k
+    mask = insert_rows(cache, mask, [0], cache_of(c), ones(2))  # shorter
+    assert mask.tolist() == [[0, 0, 0, 1, 1], [0, 1, 1, 1, 1]]
+    assert torch.equal(layer.keys[0, :, 3:], c[0]) and layer._k is buffer
+    d = torch.randn(1, 1, 7, 2)
+    mask = insert_rows(cache, mask, [0], cache_of(d), ones(7))  # longer: room on the left
+    assert layer._k is buffer, "the room left of the cache takes a longer row in place"
+    assert torch.equal(layer.keys[0], d[0]) and torch.equal(layer.keys[1, :, 2:], b[0])
+    assert mask.tolist() == [[1] * 7, [0, 0, 0, 1, 1, 1, 1]]
+    assert layer.update(torch.ones(2, 1, 1, 2), torch.ones(2, 1, 1, 2))[0].shape[2] == 8
+    mask = select_rows(cache, torch.cat([mask, torch.ones(2, 1, dtype=mask.dtype)], 1), [1])
+    assert mask.tolist() == [[1] * 5] and torch.equal(layer.keys[0, :, :4], b[0, :, 1:])

@@ -19,11 +19,20 @@ HEADROOM = 64  # tokens of room added whenever a buffer is (re)allocated
 class RoomyLayer(DynamicLayer):
     _k: torch.Tensor | None = None
     _v: torch.Tensor | None = None
+    # the buffer column where the cache begins: the columns before it are room for rows
+    # inserted longer than the running batch (`widen`), so that needs no copy
+    _start: int = 0
+
+    def _view(self, filled: int) -> None:
+        """keys/values: the `filled` columns of the buffer from `_start`."""
+        end = self._start + filled
+        self.keys, self.values = self._k[:, :, self._start:end], self._v[:, :, self._start:end]
 
     def _owns_views(self) -> bool:
         """Whether keys/values are still views of our buffer (batch_select_indices and friends
         replace them with fresh tensors; then the buffer is rebuilt from those)."""
-        return (self._k is not None and self.keys.data_ptr() == self._k.data_ptr()
+        return (self._k is not None
+                and self.keys.data_ptr() == self._k[:, :, self._start:].data_ptr()
                 and self.keys.shape[:2] == self._k.shape[:2])
 
     def _reserve(self, length: int) -> None:
@@ -34,14 +43,14 @@ class RoomyLayer(DynamicLayer):
         v = self.values.new_empty(batch, heads, length + HEADROOM, dim)
         k[:, :, :filled] = self.keys
         v[:, :, :filled] = self.values
-        self._k, self._v = k, v
-        self.keys, self.values = k[:, :, :filled], v[:, :, :filled]
+        self._k, self._v, self._start = k, v, 0
+        self._view(filled)
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor, filled: int) -> None:
         """Use `keys`/`values` as the buffer, the first `filled` positions being the cache."""
         self.device, self.is_initialized = keys.device, True
-        self._k, self._v = keys, values
-        self.keys, self.values = keys[:, :, :filled], values[:, :, :filled]
+        self._k, self._v, self._start = keys, values, 0
+        self._view(filled)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -50,19 +59,19 @@ class RoomyLayer(DynamicLayer):
             self.values = value_states[:, :, :0]
             self.is_initialized = True
         filled, new = self.keys.shape[-2], key_states.shape[-2]
-        if not self._owns_views() or filled + new > self._k.shape[-2]:
+        if not self._owns_views() or self._start + filled + new > self._k.shape[-2]:
             self._reserve(filled + new)
-        self._k[:, :, filled:filled + new] = key_states
-        self._v[:, :, filled:filled + new] = value_states
-        self.keys = self._k[:, :, :filled + new]
-        self.values = self._v[:, :, :filled + new]
+        at = self._start + filled
+        self._k[:, :, at:at + new] = key_states
+        self._v[:, :, at:at + new] = value_states
+        self._view(filled + new)
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self._owns_views():  # select from the buffer, keeping its room
             filled = self.keys.shape[-2]
             self._k, self._v = self._k[indices], self._v[indices]
-            self.keys, self.values = self._k[:, :, :filled], self._v[:, :, :filled]
+            self._view(filled)
         else:
             super().batch_select_indices(indices)
 
@@ -71,25 +80,38 @@ class RoomyLayer(DynamicLayer):
         if not self._owns_views():
             self._reserve(self.keys.shape[-2])
         filled = self.keys.shape[-2] - start
-        self._k, self._v = self._k[rows, :, start:], self._v[rows, :, start:]
-        self.keys, self.values = self._k[:, :, :filled], self._v[:, :, :filled]
+        begin = self._start + start
+        self._k, self._v = self._k[rows, :, begin:], self._v[rows, :, begin:]
+        self._start = 0
+        self._view(filled)
 
     def widen(self, batch: int, left: int) -> None:
-        """Room for `batch` rows and `left` more columns before the first (zeros there)."""
+        """Room for `batch` rows and `left` more columns before the first (zeros there): in
+        place where the buffer has that room, else in a new buffer with a quarter of the
+        cache's width spare on the left."""
         rows, heads, filled, dim = self.keys.shape
-        k = self.keys.new_zeros(batch, heads, left + filled + HEADROOM, dim)
+        if self._owns_views() and batch <= rows and left <= self._start:
+            self._start -= left
+            self._k[:, :, self._start:self._start + left] = 0
+            self._v[:, :, self._start:self._start + left] = 0
+            self._view(left + filled)
+            return
+        room = max(HEADROOM, (left + filled) // 4)
+        k = self.keys.new_zeros(batch, heads, room + left + filled + HEADROOM, dim)
         v = torch.zeros_like(k)
-        k[:rows, :, left:left + filled] = self.keys
-        v[:rows, :, left:left + filled] = self.values
-        self.adopt(k, v, left + filled)
+        k[:rows, :, room + left:room + left + filled] = self.keys
+        v[:rows, :, room + left:room + left + filled] = self.values
+        self.adopt(k, v, 0)
+        self._start = room
+        self._view(left + filled)
 
     def place(self, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Write `keys`/`values` ([len(rows), heads, n, dim]) as the last n columns of `rows`."""
         if not self._owns_views():
             self._reserve(self.keys.shape[-2])
-        filled, n = self.keys.shape[-2], keys.shape[-2]
-        self._k[rows, :, filled - n:filled] = keys
-        self._v[rows, :, filled - n:filled] = values
+        end, n = self._start + self.keys.shape[-2], keys.shape[-2]
+        self._k[rows, :, end - n:end] = keys
+        self._v[rows, :, end - n:end] = values
 
 
 def insert_rows(cache, mask: torch.Tensor, rows: list[int], new, new_mask: torch.Tensor
