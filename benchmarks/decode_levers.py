@@ -11,7 +11,7 @@ On the embedded model with MiniShop prompts (system prompt, demonstration, task)
   also 0.5 and never (1.0).
 - refill: search's call shape, 8 prompts x 6 samples = 48 rows at max_batch 32. Old: rows in
   chunks of 32, the second chunk half empty; new: a finished row's slot takes the next row.
-- episodes: greedy MiniShop episodes (eval). Old: one sample call per turn of the episodes in
+- episodes: greedy episodes of --env (eval). Old: one sample call per turn of the episodes in
   play, each run down to its last row (lockstep, COMPACT_AT 0); new: Policy.serve, an env is
   stepped as soon as its action is written and its next prompt joins the running decode.
 - threads: decode (batch 16 and 32, warm prefix cache) and prefill tokens/s at 1 and 2 torch
@@ -149,7 +149,7 @@ def refill(policy, args) -> None:
 
 def episodes(policy, args) -> list:
     """Old and new side by side; returns the episodes' actions."""
-    make_env = lambda: load_env("minishop")  # noqa: E731
+    make_env = lambda: load_env(args.env)  # noqa: E731
     tasks = make_env().tasks("test", args.episodes)
     policy.max_batch = args.episodes
 
@@ -218,6 +218,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levers", nargs="+", choices=LEVERS, default=list(LEVERS))
     ap.add_argument("--episodes", type=int, default=16)
+    ap.add_argument("--env", default="minishop", help="the env of `episodes` (python: long "
+                    "actions of varied length)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads outside `threads`")
     args = ap.parse_args()
