@@ -181,8 +181,8 @@ def episode_row(trajectory: Trajectory, policy: str, mode: str) -> EvalEpisodeRo
 
 def greedy_episodes(policy: Policy, make_env: Callable, tasks: list[Task], batch_size: int,
                     on_done: Callable[[Trajectory], None]) -> list[Trajectory]:
-    """Play every task greedily (temperature 0), all envs in lockstep, `batch_size` at a
-    time; `on_done` gets each episode as it ends, so a caller can commit it at once."""
+    """Play every task greedily (temperature 0), `batch_size` episodes in play at once
+    (run_episodes); `on_done` gets each episode as it ends, so a caller can commit it at once."""
     from offline_agent.rollout import run_episodes
 
     return run_episodes(policy, make_env, tasks, temperature=0.0, seed=0,

@@ -1,7 +1,8 @@
-"""Batched episodes: many envs step in lockstep so one generate call serves all of them.
+"""Batched episodes: many envs play at once so one decode serves all of them.
 
 Used by evaluation (greedy success), calibration and the search baseline. On CPU the
-batch is the main speed lever (benchmarks/generation.py measures it).
+batch is the main speed lever (benchmarks/generation.py measures it), and keeping it full
+(continuous batching, benchmarks/decode_levers.py) the next one.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable
 
 from offline_agent.chat import history_messages, render_prompt
 from offline_agent.envs.base import Env, StepResult
-from offline_agent.policy.base import Completion, Policy, Sampling
+from offline_agent.policy.base import Completion, Policy, Request, Sampling
 from offline_agent.seeding import stable_seed
 from offline_agent.types import Step, Task, ToolCall, Trajectory
 
@@ -45,52 +46,59 @@ def run_episodes(
 ) -> list[Trajectory]:
     """Play every task to the end (done or the env's step limit); returns trajectories in order.
 
-    Turn t of a task's episode is sampled with seed `stable_seed(seed, task.id, t)`, so an
-    episode does not depend on the other tasks of its batch (or on `batch_size`); a task listed
-    twice plays the same episode twice, unless `seeds` gives each episode its own seed (in
-    place of `seed`: GRPO's group members). `on_turn(i, prompt, completion, env)` sees each
-    sampled action of episode i before the env acts on it (GRPO keeps the ids)."""
+    Up to `batch_size` episodes are in play at once, served by one `policy.serve`: an action
+    steps its env as soon as it is written and the next prompt joins the running decode (on
+    the hf backend; others serve in lockstep), and an episode that ends hands its place to
+    the next task. Turn t of a task's episode is sampled with seed
+    `stable_seed(seed, task.id, t)`, so an episode does not depend on the other tasks beside
+    it (or on `batch_size`); a task listed twice plays the same episode twice, unless `seeds`
+    gives each episode its own seed in place of `seed` (GRPO's group members).
+    `on_turn(i, prompt, completion, env)` sees each action of episode i before its env acts
+    on it (GRPO keeps the ids)."""
     if seeds is not None and len(seeds) != len(tasks):
         raise ValueError(f"{len(seeds)} seeds for {len(tasks)} tasks")
     seeds = seeds if seeds is not None else [seed] * len(tasks)
     out: list[Trajectory | None] = [None] * len(tasks)
-    for start in range(0, len(tasks), batch_size):
-        chunk = list(range(start, min(start + batch_size, len(tasks))))
-        envs = {i: make_env() for i in chunk}
-        trajs = {}
-        for i in chunk:
-            first = envs[i].reset(tasks[i])
-            trajs[i] = Trajectory(task_id=tasks[i].id, env=tasks[i].env,
-                                  instruction=tasks[i].instruction, first_observation=first)
-        system, demo = envs[chunk[0]].system_prompt(), envs[chunk[0]].demonstration()
-        active = list(chunk)
-        turn = 0
-        while active:
-            prompts = [
-                render_prompt(policy.tokenizer, history_messages(
-                    system, trajs[i].instruction, trajs[i].first_observation, trajs[i].steps,
-                    demo))
-                for i in active
-            ]
-            sampling = action_sampling(envs[chunk[0]], temperature,
-                                       [stable_seed(seeds[i], tasks[i].id, turn) for i in active],
-                                       [envs[i].call_tools() for i in active])
-            completions = policy.sample(prompts, 1, sampling)
-            for i, prompt, (completion,) in zip(active, prompts, completions):
-                if on_turn:
-                    on_turn(i, prompt, completion, envs[i])
-                call, result = envs[i].act(completion.text)
-                trajs[i].steps.append(make_step(completion.text, call, result,
-                                                completion.action_ids))
-                if result.done:
-                    trajs[i].reward = result.reward
-                    trajs[i].achieved = envs[i].describe_achieved()
-            finished = [i for i in active if trajs[i].steps[-1].done]
-            for i in finished:
-                out[i] = trajs[i]
-                if on_done:
-                    on_done(trajs[i])
-            active = [i for i in active if i not in finished]
-            turn += 1
-    return out  # type: ignore[return-value]
+    if not tasks:
+        return []
+    envs: dict[int, Env] = {}
+    trajs: dict[int, Trajectory] = {}
+    queue = iter(range(len(tasks)))
+    first_env = make_env()  # the prompt's shared parts, played once (the demonstration)
+    system, demo = first_env.system_prompt(), first_env.demonstration()
 
+    def request(i: int) -> Request:
+        t = trajs[i]
+        prompt = render_prompt(policy.tokenizer, history_messages(
+            system, t.instruction, t.first_observation, t.steps, demo))
+        return Request(prompt, stable_seed(seeds[i], tasks[i].id, len(t.steps)),
+                       envs[i].call_tools(), key=i)
+
+    def start() -> list[Request]:
+        i = next(queue, None)
+        if i is None:
+            return []
+        envs[i] = make_env()
+        first = envs[i].reset(tasks[i])
+        trajs[i] = Trajectory(task_id=tasks[i].id, env=tasks[i].env,
+                              instruction=tasks[i].instruction, first_observation=first)
+        return [request(i)]
+
+    def answer(r: Request, completion: Completion) -> list[Request]:
+        i, t = r.key, trajs[r.key]
+        if on_turn:
+            on_turn(i, r.prompt, completion, envs[i])
+        call, result = envs[i].act(completion.text)
+        t.steps.append(make_step(completion.text, call, result, completion.action_ids))
+        if not result.done:
+            return [request(i)]
+        t.reward, t.achieved = result.reward, envs[i].describe_achieved()
+        out[i] = t
+        del envs[i], trajs[i]
+        if on_done:
+            on_done(t)
+        return start()
+
+    first = [r for _ in range(batch_size) for r in start()]
+    policy.serve(first, action_sampling(first_env, temperature, None), answer)
+    return out  # type: ignore[return-value]

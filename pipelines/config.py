@@ -60,7 +60,8 @@ class ModelConfig:
     id: str = _f(DEFAULT_MODEL, "embedded:<name>, a local model folder or a Hugging Face repo id")
     backend: str = _f("hf", "hf (transformers, CPU or GPU) or vllm (GPU only)")
     device: str = _f("auto", "auto (cuda when available), cpu or cuda")
-    dtype: str = _f("auto", "auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16")
+    dtype: str = _f("auto", "auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16 "
+                            "(bfloat16 on CPU: faster, changes some greedy actions)")
     max_batch: int = _f(32, "most sequences in one generate or forward call")
     adapter: str | None = _f(None, "LoRA adapter folder applied on top of the model; null: none")
     prefix_cache_gb: float = _f(2.0, "memory kept for the KV of prompt prefixes already computed "

@@ -6,6 +6,7 @@ import pytest
 
 from offline_agent.envs.base import StepResult
 from offline_agent.policy import load_policy
+from offline_agent.policy.base import serve_in_lockstep
 from offline_agent.rollout import make_step, run_episodes
 from offline_agent.types import Step, ToolCall
 from tests.test_mcts import Corridor
@@ -39,6 +40,40 @@ def test_a_sampled_episode_is_the_same_alone_or_in_any_batch(policy):
     # and the call's seed still matters
     again = run_episodes(policy, make_env, tasks[2:3], temperature=1.0, seed=6)
     assert _actions(again[0]) != _actions(alone[0])
+
+
+class Lockstep:
+    """The policy served in lockstep (one sample call per turn of the episodes in play)."""
+
+    def __init__(self, policy):
+        self.policy, self.tokenizer = policy, policy.tokenizer
+
+    def sample(self, prompts, n, sampling):
+        return self.policy.sample(prompts, n, sampling)
+
+    def serve(self, requests, sampling, answer):
+        serve_in_lockstep(self, requests, sampling, answer)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_continuous_episodes_equal_lockstep_ones(policy, temperature):
+    """The hf backend steps an env as soon as its action is written and puts the next prompt
+    into the running decode; the episodes are those of one sample call per turn."""
+    make_env = lambda: ShortCorridor(max_steps=3)  # noqa: E731
+    tasks = Corridor().tasks("test", 5)
+    ended = []
+    policy.max_batch = 2  # fewer slots than episodes in play: slots are refilled mid-turn
+    try:
+        served = run_episodes(policy, make_env, tasks, temperature=temperature, seed=3,
+                              batch_size=4, on_done=ended.append)
+    finally:
+        policy.max_batch = 8
+    lockstep = run_episodes(Lockstep(policy), make_env, tasks, temperature=temperature, seed=3,
+                            batch_size=4)
+    assert [_actions(t) for t in served] == [_actions(t) for t in lockstep]
+    assert [[s.token_ids for s in t.steps] for t in served] == [
+        [s.token_ids for s in t.steps] for t in lockstep]
+    assert sorted(t.task_id for t in ended) == sorted(t.id for t in tasks)
 
 
 def test_make_step_keeps_what_the_env_answered():

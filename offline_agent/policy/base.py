@@ -8,7 +8,8 @@ Completion built from generated ids), shared so the backends agree and none impo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from offline_agent.seeding import stable_seed
@@ -62,6 +63,21 @@ class Completion:
         return float(sum(self.logprobs))
 
 
+@dataclass
+class Request:
+    """One prompt of a `Policy.serve` call, sampled once, with its own seed and tools (what
+    Sampling's per-prompt lists give a prompt in `sample`). `key` is the caller's, returned
+    with the request to its `answer`."""
+
+    prompt: str
+    seed: int
+    tools: list[dict] | None = None
+    key: object = None
+
+
+Answer = Callable[[Request, Completion], list[Request]]
+
+
 class Policy(Protocol):
     """What search, baselines and eval need from a generation backend (and the planned
     GRPO stage: per-token logprobs)."""
@@ -79,6 +95,27 @@ class Policy(Protocol):
     def choice_logprobs(self, prompts: list[str], choices: list[list[str]]) -> list[list[float]]:
         """score() for many prompts at once: [[log p(c | prompt) for c in cs] for each prompt]."""
         ...
+
+    def serve(self, requests: list[Request], sampling: Sampling, answer: Answer) -> None:
+        """One completion per request, each handed to `answer` as soon as it is done; the
+        requests `answer` returns (an episode's next turn, the next episode) are served the
+        same way, until none is left. `sampling` gives the settings all requests share (its
+        seed and tools are ignored: each request brings its own). A request's completion is
+        the one `sample([r.prompt], 1, sampling with seed [r.seed] and tools [r.tools])`
+        gives, whatever is served beside it. A backend without its own way runs
+        `serve_in_lockstep`."""
+        ...
+
+
+def serve_in_lockstep(policy: Policy, requests: list[Request], sampling: Sampling,
+                      answer: Answer) -> None:
+    """Policy.serve by plain sample calls: all pending requests form one call, and the requests
+    their answers return form the next."""
+    while requests:
+        call = replace(sampling, seed=[r.seed for r in requests],
+                       tools=[r.tools for r in requests])
+        completions = policy.sample([r.prompt for r in requests], 1, call)
+        requests = [new for r, (c,) in zip(requests, completions) for new in answer(r, c)]
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:

@@ -83,16 +83,17 @@ class GrammarMasks:
                 RowState(g, self.xgr.GrammarMatcher(self.compiler.compile_grammar(g.text)))
                 for g in grammars]
 
-    def mask(self, logits: torch.Tensor, rows: list[RowState | None], left: int) -> torch.Tensor:
+    def mask(self, logits: torch.Tensor, rows: list[RowState | None], left: list[int]
+             ) -> torch.Tensor:
         """A copy of `logits` with every token the row's matcher forbids at -inf (rows without
         a matcher unchanged), except, where the grammar allows end-of-turn or `]` next, the
         tokens that end a turn (end-of-turn, a stop string of the grammar): the model may still
         want to stop there, and `settle` reads that as closing the call, as the Python env
         reads a free reply that stops inside a call (`PythonTasks.close_call`).
-        A closing row (it drew such a token, or `left` tokens are its `horizon()`, or the
-        next token could take its text past `max_chars` less the horizon) keeps only
-        one-character tokens, and only the first allowed of end-of-turn, `]`, `"`, `}`, `,`
-        where one is allowed: that path finishes any call within the horizon."""
+        A closing row (it drew such a token, or its `left[i]` tokens to go are its
+        `horizon()`, or the next token could take its text past `max_chars` less the horizon)
+        keeps only one-character tokens, and only the first allowed of end-of-turn, `]`, `"`,
+        `}`, `,` where one is allowed: that path finishes any call within the horizon."""
         constrained = [i for i, row in enumerate(rows) if row is not None]
         bitmask = self.xgr.allocate_token_bitmask(len(rows), self.vocab_size)
         for i in constrained:
@@ -101,7 +102,7 @@ class GrammarMasks:
         self.xgr.apply_token_bitmask_inplace(out, bitmask.to(out.device), indices=constrained)
         for i in constrained:
             row, g = rows[i], rows[i].grammar
-            row.closing |= left <= row.horizon() or row.chars + self.longest + g.horizon > g.max_chars
+            row.closing |= left[i] <= row.horizon() or row.chars + self.longest + g.horizon > g.max_chars
             ender = None if row.closing else next(
                 (t for t in self.enders if out[i, t] > float("-inf")), None)
             row.redirect = None

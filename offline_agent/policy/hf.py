@@ -1,6 +1,6 @@
 """transformers backend: batched sampling and scoring on CPU or GPU.
 
-A short decode loop of our own instead of `model.generate`, because it gives us three things
+A short decode loop of our own instead of `model.generate`, because it gives us four things
 that generate does not, cheaply:
 
 - Each row (prompt i, sample j) draws from its own generator seeded by (call seed, row index),
@@ -12,6 +12,12 @@ that generate does not, cheaply:
   the n samples of a prompt share the whole prompt, and the next step of an episode extends
   the last one. So each distinct prompt is computed once, only past the longest prefix the
   PrefixCache holds from earlier calls, and the KV cache is then expanded to the n rows.
+- Rows end at different steps (eos, stop strings). A finished row's slot takes the next
+  pending row (the rest of a call past max_batch, or through `serve` the next request, e.g.
+  an episode's next turn): its prompt is prefilled and merged into the running cache
+  (kv_buffer.insert_rows), so the batch stays full. A finished row with none to replace it
+  stays in the batch, its tokens ignored, until COMPACT_AT of the KV a step reads is dead;
+  then one copy drops the dead rows and the left pad no live row needs.
 
 With constrain="tools", a row asked with tools decodes under the grammar of one tool call
 (policy/grammar.py, policy/constrained.py): its own xgrammar matcher masks the logits it
@@ -25,17 +31,37 @@ decoder-only models with full attention (Llama, Qwen2, SmolLM, ...).
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from .adapters import merge_adapter
 from .attention import use_gqa_sdpa
-from .base import Completion, Sampling, call_rows, encode_prompt, make_completion
+from .base import (
+    Answer,
+    Completion,
+    Request,
+    Sampling,
+    call_rows,
+    encode_prompt,
+    make_completion,
+    row_seed,
+)
 from .choices import choice_tree
 from .grammar import CallGrammar, prompt_grammars
-from .kv_buffer import HEADROOM, new_cache
+from .kv_buffer import HEADROOM, insert_rows, new_cache, select_rows
 from .models import resolve_model
 from .prefix_cache import PrefixCache
+
+# Finished rows stay in the decode batch until this share of the KV it reads is dead (rows
+# gone, left pad no live row needs); then one copy drops it (benchmarks/decode_levers.py).
+COMPACT_AT = 0.25
+if TYPE_CHECKING:
+    from .constrained import RowState
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -103,12 +129,32 @@ class HFPolicy:
         no top-p), whatever the sampling settings."""
         rows, seeds, temperatures = call_rows(self.tokenizer, prompts, n, sampling, self._rng)
         grammars = [g for g in self._grammars(sampling, len(prompts)) for _ in range(n)]
-        out: list[Completion] = []
-        for start in range(0, len(rows), self.max_batch):
-            end = start + self.max_batch
-            out += self._generate(rows[start:end], seeds[start:end], temperatures[start:end],
-                                  sampling, grammars[start:end])
-        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+        out: list[Completion | None] = [None] * len(rows)
+
+        def keep(row: _Row, completion: Completion) -> list[_Row]:
+            out[row.tag] = completion
+            return []
+
+        self._generate(deque(_Row(*r, tag=i) for i, r in enumerate(
+            zip(rows, seeds, temperatures, grammars))), sampling, keep)
+        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]  # type: ignore[misc]
+
+    @torch.inference_mode()
+    def serve(self, requests: list[Request], sampling: Sampling, answer: Answer) -> None:
+        """Policy.serve with continuous batching: a request `answer` returns takes the first
+        free row of the running decode (see _generate)."""
+        if not isinstance(sampling.temperature, (int, float)):
+            raise ValueError("serve takes one temperature for all requests")
+
+        def row(r: Request) -> _Row:
+            grammar = self._grammars(replace(sampling, tools=[r.tools]), 1)[0]
+            return _Row(encode_prompt(self.tokenizer, r.prompt), row_seed(r.seed, 0),
+                        float(sampling.temperature), grammar, tag=r)
+
+        def on_done(done: _Row, completion: Completion) -> list[_Row]:
+            return [row(r) for r in answer(done.tag, completion)]
+
+        self._generate(deque(map(row, requests)), sampling, on_done)
 
     def _grammars(self, sampling: Sampling, num_prompts: int) -> list[CallGrammar | None]:
         """Each prompt's tool-call grammar; all None unless constrain="tools"."""
@@ -170,50 +216,83 @@ class HFPolicy:
             k += len(cs)
         return out
 
-    def _generate(self, rows: list[list[int]], seeds: list[int], temperatures: list[float],
-                  sampling: Sampling, grammars: list[CallGrammar | None]):
-        """Sample one completion per row (a prompt's ids) in one batched decode loop. A row
-        with a grammar draws only tokens its matcher allows (greedy too), and ends when the
-        matcher has accepted end-of-turn after the call."""
-        cache, mask = self._prefill(rows)
-        last = torch.tensor([r[-1] for r in rows], device=self.device)
-        generators = [torch.Generator(self.device).manual_seed(s) for s in seeds]
-        temps = torch.tensor(temperatures, device=self.device)
-        constrained = self.grammars.rows(grammars) if self.grammars else [None] * len(rows)
-        ids: list[list[int]] = [[] for _ in rows]
-        logprobs: list[list[float]] = [[] for _ in rows]
-        active = list(range(len(rows)))  # rows still generating, in batch order
-        for step in range(sampling.max_new_tokens):
-            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
-            logits = self.model(last[:, None], attention_mask=mask,
-                                position_ids=mask.sum(1, keepdim=True) - 1, cache=cache)
-            logits = logits.logits[:, -1].float()
-            rows_now = [constrained[r] for r in active]
-            if any(rows_now):  # raw logits stay for the logprobs
-                allowed = self.grammars.mask(logits, rows_now, left=sampling.max_new_tokens - step)
-                tokens = _pick(allowed, [generators[r] for r in active], temps, sampling.top_p)
-                tokens = self.grammars.settle(tokens, rows_now)
-            else:
-                tokens = _pick(logits, [generators[r] for r in active], temps, sampling.top_p)
-            token_logprobs = logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0].tolist()
-            keep = []
-            for i, r in enumerate(active):
-                ids[r].append(int(tokens[i]))
-                logprobs[r].append(token_logprobs[i])
-                row = constrained[r]
-                if not (self.grammars.advance(row, ids[r][-1]) if row
-                        else self._stopped(ids[r], sampling.stop)):
-                    keep.append(i)
-            if not keep:
-                break
-            if len(keep) < len(active):  # finished rows leave the batch
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                mask, tokens, temps = mask[index], tokens[index], temps[index]
-                active = [active[i] for i in keep]
-            last = tokens
-        return [self._finish(i, lp, m.grammar.stop if m else sampling.stop, m is not None)
-                for i, lp, m in zip(ids, logprobs, constrained)]
+    def _generate(self, pending: deque[_Row], sampling: Sampling,
+                  done: Callable[[_Row, Completion], list[_Row]]) -> None:
+        """Decode every pending row, at most max_batch at a time, in one batched loop; each
+        finished row goes to `done`, whose new rows join the queue. A finished row's slot
+        takes the next pending row (its prompt prefilled, then merged into the running KV
+        cache), so the batch stays full while rows are waiting; with none waiting, finished
+        rows stay in the batch (their tokens are ignored) until dropping them saves more than
+        the copy costs (COMPACT_AT). A row with a grammar draws only tokens its matcher allows
+        (greedy too), and ends when the matcher has accepted end-of-turn after the call."""
+        batch = _Batch()
+        while pending or batch.alive():
+            free = batch.free(self.max_batch)
+            if pending and free:
+                self._admit(batch, [pending.popleft() for _ in range(min(len(free), len(pending)))],
+                            free)
+            if batch.waste() > COMPACT_AT:
+                batch.compact()
+            for row, completion in self._step(batch, sampling):
+                pending.extend(done(row, completion))
+
+    def _admit(self, batch: _Batch, rows: list[_Row], slots: list[int]) -> None:
+        """Prefill `rows` and put them into `slots` of the running batch."""
+        cache, mask = self._prefill([r.ids for r in rows])
+        states = [_Decoding(r, torch.Generator(self.device).manual_seed(r.seed), m)
+                  for r, m in zip(rows, self.grammars.rows([r.grammar for r in rows])
+                                  if self.grammars else [None] * len(rows))]
+        last = torch.tensor([r.ids[-1] for r in rows], device=self.device)
+        temps = torch.tensor([r.temperature for r in rows], device=self.device)
+        if batch.cache is None:
+            batch.cache, batch.mask, batch.last, batch.temps = cache, mask, last, temps
+            batch.slots = list(states)
+            return
+        slots = slots[:len(rows)]
+        batch.mask = insert_rows(batch.cache, batch.mask, slots, cache, mask)
+        grow = len(batch.mask) - len(batch.slots)
+        batch.slots += [None] * grow
+        batch.last = torch.cat([batch.last, batch.last.new_zeros(grow)])
+        batch.temps = torch.cat([batch.temps, batch.temps.new_zeros(grow)])
+        index = torch.tensor(slots, device=self.device)
+        batch.last[index], batch.temps[index] = last, temps
+        for slot, state in zip(slots, states):
+            batch.slots[slot] = state
+
+    def _step(self, batch: _Batch, sampling: Sampling) -> list[tuple[_Row, Completion]]:
+        """One decode step of the whole batch; returns the rows that finished with it."""
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.mask), 1)], dim=1)
+        logits = self.model(batch.last[:, None], attention_mask=batch.mask,
+                            position_ids=batch.mask.sum(1, keepdim=True) - 1, cache=batch.cache)
+        logits, temps = logits.logits[:, -1].float(), batch.temps
+        alive = batch.alive()
+        if len(alive) < len(batch.slots):  # finished rows' logits are not drawn from
+            index = torch.tensor(alive, device=self.device)
+            logits, temps = logits[index], temps[index]
+        rows = [batch.slots[i] for i in alive]
+        generators = [r.generator for r in rows]
+        matchers = [r.matcher for r in rows]
+        if any(matchers):  # raw logits stay for the logprobs
+            left = [sampling.max_new_tokens - len(r.ids) for r in rows]
+            allowed = self.grammars.mask(logits, matchers, left=left)
+            tokens = self.grammars.settle(_pick(allowed, generators, temps, sampling.top_p),
+                                          matchers)
+        else:
+            tokens = _pick(logits, generators, temps, sampling.top_p)
+        token_logprobs = logits.log_softmax(-1).gather(1, tokens[:, None])[:, 0].tolist()
+        finished = []
+        for i, slot, token, logprob in zip(alive, rows, tokens.tolist(), token_logprobs):
+            slot.ids.append(token)
+            slot.logprobs.append(logprob)
+            m = slot.matcher
+            if (self.grammars.advance(m, token) if m else self._stopped(slot.ids, sampling.stop)
+                    ) or len(slot.ids) == sampling.max_new_tokens:
+                batch.slots[i] = None
+                finished.append((slot.row, self._finish(slot.ids, slot.logprobs,
+                                                        m.grammar.stop if m else sampling.stop,
+                                                        m is not None)))
+        batch.last[torch.tensor(alive, device=self.device)] = tokens
+        return finished
 
     def _finish(self, ids: list[int], logprobs: list[float], stop: list[str], constrained: bool):
         """A constrained reply is cut only at the stop strings its grammar allows after the call."""
@@ -293,6 +372,66 @@ class HFPolicy:
                     torch.stack([layer.values[i][:, new] for layer in cache.layers]),
                     start=cached[i])
         return cache, mask
+
+
+@dataclass
+class _Row:
+    """One row of a decode: a prompt's ids, its seed, temperature and tool-call grammar;
+    `tag` is the caller's, returned with the row when it is done."""
+
+    ids: list[int]
+    seed: int
+    temperature: float
+    grammar: CallGrammar | None
+    tag: object = None
+
+
+@dataclass
+class _Decoding:
+    """A row being decoded: its generator, its grammar's matcher, what it has drawn."""
+
+    row: _Row
+    generator: torch.Generator
+    matcher: RowState | None
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Batch:
+    """The running decode: KV cache and attention mask, each row's last token and
+    temperature, and the row decoding in each slot (None: finished, the slot is free)."""
+
+    cache: DynamicCache | None = None
+    mask: torch.Tensor | None = None
+    last: torch.Tensor | None = None
+    temps: torch.Tensor | None = None
+    slots: list[_Decoding | None] = field(default_factory=list)
+
+    def alive(self) -> list[int]:
+        return [i for i, s in enumerate(self.slots) if s is not None]
+
+    def free(self, max_batch: int) -> list[int]:
+        """Slots a new row may take: finished ones, then room up to max_batch."""
+        return [i for i, s in enumerate(self.slots) if s is None] + list(
+            range(len(self.slots), max_batch))
+
+    def waste(self) -> float:
+        """Share of the KV cache a decode step reads for nothing: finished rows, and the
+        left columns that are pad in every live row."""
+        alive, (rows, width) = self.alive(), self.mask.shape
+        if not alive or not width or len(alive) == rows and self.mask[:, 0].any():
+            return 0.0
+        start = int(self.mask[alive].argmax(1).min())
+        return 1 - len(alive) * (width - start) / (rows * width)
+
+    def compact(self) -> None:
+        """Drop the finished rows and the left columns no live row needs (one copy)."""
+        alive = self.alive()
+        self.mask = select_rows(self.cache, self.mask, alive)
+        index = torch.tensor(alive, device=self.mask.device)
+        self.last, self.temps = self.last[index], self.temps[index]
+        self.slots = [self.slots[i] for i in alive]
 
 
 def _pick(logits: torch.Tensor, generators: list[torch.Generator], temperatures: torch.Tensor,

@@ -20,7 +20,16 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from .base import Completion, Sampling, call_rows, encode_prompt, make_completion
+from .base import (
+    Answer,
+    Completion,
+    Request,
+    Sampling,
+    call_rows,
+    encode_prompt,
+    make_completion,
+    serve_in_lockstep,
+)
 from .grammar import CallGrammar, prompt_grammars
 from .models import resolve_model
 
@@ -108,6 +117,10 @@ class VLLMPolicy:
                                        list(stop), ended))
             out[-1].constrained = constrained
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def serve(self, requests: list[Request], sampling: Sampling, answer: Answer) -> None:
+        """Policy.serve in lockstep: vLLM batches each call's requests continuously itself."""
+        serve_in_lockstep(self, requests, sampling, answer)
 
     def _params(self, sampling: Sampling, temperature: float, seed: int,
                 grammar: CallGrammar | None):
