@@ -274,6 +274,26 @@ class CallCounter:
 
         patches.replace(policy, "sample", counted_sample)
         patches.replace(policy, "choice_logprobs", counted_choices)
+        # Policy.serve (continuous batching across turns) exists from commit 4f1bec2 on; the
+        # benchmark also measures the code before it, whose run_episodes calls sample
+        if "serve" in type(policy).__dict__:
+            self._count_serve(policy, patches)
+
+    def _count_serve(self, policy, patches: Patches) -> None:
+        serve, clock, counts = policy.serve, self.clock, self.counts
+
+        def counted_serve(requests, sampling, answer):
+            def counted_answer(request, completion):
+                with clock.section(BENCH):
+                    self._add(self.encode(request.prompt) + completion.token_ids[:-1])
+                    counts.generated += len(completion.token_ids)
+                return answer(request, completion)
+
+            counts.calls += 1
+            with clock.section("policy"):
+                return serve(requests, sampling, counted_answer)
+
+        patches.replace(policy, "serve", counted_serve)
 
     def _add(self, ids: list[int]) -> None:
         self.counts.needed += self.prefixes.add(ids)
