@@ -168,7 +168,7 @@ def sequence_logps(model, packed: Packed) -> torch.Tensor:
     trie_attention.use(model)
     logits = model(input_ids=packed.ids.to(device), position_ids=packed.positions.to(device),
                    use_cache=False, logits_to_keep=keep.to(device),
-                   trie_blocks=trie_attention.plan(packed.allowed, dtype, device)).logits[0].float()
+                   trie_plan=trie_attention.plan(packed.allowed, dtype, device)).logits[0].float()
     picked = logits[where.to(device), packed.targets.to(device)]
     token_logps = picked - logits.logsumexp(-1)[where.to(device)]
     out = torch.zeros(packed.num_seqs, device=device, dtype=torch.float32)

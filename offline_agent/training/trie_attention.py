@@ -9,12 +9,12 @@ scores only the keys some node of it may attend to (the union of their ancestors
 the same additive mask restricted to those keys. Each query sees the same keys with the
 same mask as before, so the outputs are the same up to float summation order.
 
-The blocks reach the attention layers as a keyword argument of the model's forward
+The plan reaches the attention layers as a keyword argument of the model's forward
 (transformers passes its extra keyword arguments down to the attention function), under
 the attention implementation "trie", which `use` sets on the model for good: a forward
-without blocks (a plain forward, a recomputation outside the packed call) runs exactly
+without a plan (a plain forward) runs exactly
 SDPA's attention and mask, and gradient checkpointing's recomputation in backward, which
-calls the layer again with the same keyword arguments, runs the same blocks.
+calls the layer again with the same keyword arguments, runs the same plan.
 """
 
 from __future__ import annotations
@@ -32,47 +32,49 @@ BLOCK = 128  # query nodes per block; benchmarks/dpo_step.py measured 64-512 (do
 
 
 @dataclass
-class Block:
-    """Consecutive query nodes, the keys any of them attends to, and their additive mask."""
+class Plan:
+    """The row cut into blocks of consecutive query nodes, each with the keys any of its
+    nodes attends to and their additive mask. The keys of all blocks are gathered by one
+    index and split per block (and the queries split), so backward adds each block's
+    gradient back with one scatter and one concatenation per layer, not one full-size
+    tensor per block."""
 
-    queries: slice
-    keys: slice | torch.Tensor  # key nodes: a range where they are consecutive, else indices
-    bias: torch.Tensor  # (1, 1, Q, K): 0 where the query attends to the key, dtype min elsewhere
+    sizes: list[int]            # query nodes per block, in row order
+    keys: torch.Tensor          # (sum of counts,) key node indices, block after block
+    counts: list[int]           # keys per block
+    biases: list[torch.Tensor]  # (1, 1, size, count): 0 where attended, dtype min elsewhere
 
 
-def plan(allowed: torch.Tensor, dtype: torch.dtype, device) -> list[Block]:
+def plan(allowed: torch.Tensor, dtype: torch.dtype, device) -> Plan:
     """Blocks of BLOCK query nodes covering the (L, L) ancestor mask `allowed`."""
-    out = []
+    sizes, keys, biases = [], [], []
     for start in range(0, len(allowed), BLOCK):
         rows = allowed[start:start + BLOCK]
-        keys = rows.any(0).nonzero().squeeze(1)
-        bias = torch.zeros(rows.shape[0], len(keys), dtype=dtype)
-        bias.masked_fill_(~rows[:, keys], torch.finfo(dtype).min)
-        first, last = keys[0].item(), keys[-1].item()
-        span = slice(first, last + 1) if last - first + 1 == len(keys) else keys.to(device)
-        out.append(Block(slice(start, start + rows.shape[0]), span, bias[None, None].to(device)))
-    return out
+        mine = rows.any(0).nonzero().squeeze(1)
+        bias = torch.zeros(rows.shape[0], len(mine), dtype=dtype)
+        bias.masked_fill_(~rows[:, mine], torch.finfo(dtype).min)
+        sizes.append(rows.shape[0])
+        keys.append(mine)
+        biases.append(bias[None, None].to(device))
+    return Plan(sizes, torch.cat(keys).to(device), [len(k) for k in keys], biases)
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0,
-              scaling: float | None = None, trie_blocks: list[Block] | None = None, **kwargs):
+              scaling: float | None = None, trie_plan: Plan | None = None, **kwargs):
     """transformers' attention-function signature; query (1, H, L, D), key/value (1, KV, L, D).
-    Without blocks: SDPA's attention and mask, as the model had before `use`. With them,
+    Without a plan: SDPA's attention and mask, as the model had before `use`. With one,
     `attention_mask` (what transformers made of the trie's position ids, taking them for
-    packed sequences) is not the trie's and is not used: the blocks hold the mask."""
-    if trie_blocks is None:
+    packed sequences) is not the trie's and is not used: the plan holds the mask."""
+    if trie_plan is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
+    p = trie_plan
+    ks = key.index_select(2, p.keys).split(p.counts, 2)
+    vs = value.index_select(2, p.keys).split(p.counts, 2)
     gqa = module.num_key_value_groups > 1  # SDPA's CPU kernel shares each key head itself
-    outs = []
-    for b in trie_blocks:
-        if isinstance(b.keys, slice):  # a view: no copy kept for backward
-            k, v = key[:, :, b.keys], value[:, :, b.keys]
-        else:
-            k, v = key.index_select(2, b.keys), value.index_select(2, b.keys)
-        outs.append(F.scaled_dot_product_attention(query[:, :, b.queries], k, v, attn_mask=b.bias,
-                                                   dropout_p=dropout, scale=scaling,
-                                                   enable_gqa=gqa))
+    outs = [F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout,
+                                           scale=scaling, enable_gqa=gqa)
+            for q, k, v, bias in zip(query.split(p.sizes, 2), ks, vs, p.biases)]
     return torch.cat(outs, 2).transpose(1, 2).contiguous(), None
 
 
@@ -81,5 +83,5 @@ AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
 def use(model) -> None:
-    """Make the model's attention this module's (SDPA's where a forward passes no blocks)."""
+    """Make the model's attention this module's (SDPA's where a forward passes no plan)."""
     model.config._attn_implementation = NAME
