@@ -4,7 +4,8 @@ A packed row (logprobs.pack) holds L trie nodes; each attends to its ancestors o
 they all come before it. A dense masked attention still scores every query against all L
 keys, masked or not: on 8 MiniShop step pairs (L = 2,511) most of those scores are masked
 (each pair's branch sees the shared system prompt and demonstration and its own history,
-never another pair's). Here the row is cut into blocks of consecutive query nodes; a block
+never another pair's). Here the row is cut into blocks of consecutive query nodes (a pair's
+branch, the shared prefix, at most BLOCK nodes each); a block
 scores only the keys some node of it may attend to (the union of their ancestors), with
 the same additive mask restricted to those keys. Each query sees the same keys with the
 same mask as before, so the outputs are the same up to float summation order.
@@ -28,7 +29,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "trie"
-BLOCK = 128  # query nodes per block; benchmarks/dpo_step.py measured 64-512 (docs/training.md)
+BLOCK = 512  # most query nodes per block (docs/training.md: what was measured)
 
 
 @dataclass
@@ -46,17 +47,35 @@ class Plan:
 
 
 def plan(allowed: torch.Tensor, dtype: torch.dtype, device) -> Plan:
-    """Blocks of BLOCK query nodes covering the (L, L) ancestor mask `allowed`."""
-    sizes, keys, biases = [], [], []
-    for start in range(0, len(allowed), BLOCK):
-        rows = allowed[start:start + BLOCK]
+    """Blocks covering the (L, L) ancestor mask `allowed`: a block ends before a node whose
+    parent lies before the block's start (a new branch off an earlier one: another pair's
+    history), or at BLOCK nodes. So a pair's branch, its rejected action included (whose
+    ancestors the block already holds), is one block that gathers the shared prefix once."""
+    sizes, keys, biases, start = [], [], [], 0
+    for end in [*starts(allowed), len(allowed)]:
+        rows = allowed[start:end]
         mine = rows.any(0).nonzero().squeeze(1)
         bias = torch.zeros(rows.shape[0], len(mine), dtype=dtype)
         bias.masked_fill_(~rows[:, mine], torch.finfo(dtype).min)
         sizes.append(rows.shape[0])
         keys.append(mine)
         biases.append(bias[None, None].to(device))
+        start = end
     return Plan(sizes, torch.cat(keys).to(device), [len(k) for k in keys], biases)
+
+
+def starts(allowed: torch.Tensor) -> list[int]:
+    """First node of every block after the first (see plan)."""
+    n = len(allowed)
+    earlier = allowed & torch.ones(n, n, dtype=torch.bool).tril(-1)
+    # a node's parent: its last ancestor before it (-1 for a root)
+    parent = torch.where(earlier.any(1), n - 1 - earlier.flip(1).int().argmax(1), -1).tolist()
+    out, start = [], 0
+    for node in range(1, n):
+        if parent[node] < start or node - start == BLOCK:
+            out.append(node)
+            start = node
+    return out
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0,
