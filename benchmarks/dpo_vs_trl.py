@@ -215,12 +215,15 @@ class Side:
 
     def line(self) -> str:
         r = self.result()
-        ref = f"reference {self.reference:.1f} s once" if self.reference else "reference in each step"
+        ref = (f"reference {self.reference:.1f} s once" if self.reference is not None
+               else "reference in each step")
         gc = "on" if self.settings.get("gradient_checkpointing") else "off"
         cuda = f", cuda max allocated {self.cuda / 2**20:.0f} MiB" if self.cuda else ""
         if r["bound"]:
+            done = ", ".join(f"{x:.1f}" for x in self.steps) or "none"
             return (f"{self.name:>5}: CUT at the time limit after {len(self.steps)} of "
-                    f"{self.args.steps} steps ({self.cut_after:.0f} s since ready): >= "
+                    f"{self.args.steps} steps (done in {done} s; {self.cut_after:.0f} s since "
+                    f"ready, {ref}): >= "
                     f"{r['s_step']:.1f} s/step, <= {r['tps']:.0f} train tokens/s; peak >= "
                     f"{r['peak'] / 2**20:.0f} MiB above ready (VmHWM {self.hwm / 2**20:.0f} MiB)"
                     f"; gradient checkpointing {gc}{cuda}")
