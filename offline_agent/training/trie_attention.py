@@ -5,17 +5,17 @@ they all come before it. A dense masked attention still scores every query again
 keys, masked or not: on 8 MiniShop step pairs (L = 2,511) most of those scores are masked
 (each pair's branch sees the shared system prompt and demonstration and its own history,
 never another pair's). Here the row is cut into blocks of consecutive query nodes (a pair's
-branch, the shared prefix, at most BLOCK nodes each); a block
-scores only the keys some node of it may attend to (the union of their ancestors), with
-the same additive mask restricted to those keys. Each query sees the same keys with the
+branch, the shared prefix, at most BLOCK nodes each); a block scores only the keys some
+node of it may attend to (the union of their ancestors), with the same additive mask
+restricted to those keys. Each query sees the same keys with the
 same mask as before, so the outputs are the same up to float summation order.
 
 The plan reaches the attention layers as a keyword argument of the model's forward
 (transformers passes its extra keyword arguments down to the attention function), under
 the attention implementation "trie", which `use` sets on the model for good: a forward
-without a plan (a plain forward) runs exactly
-SDPA's attention and mask, and gradient checkpointing's recomputation in backward, which
-calls the layer again with the same keyword arguments, runs the same plan.
+without a plan (a plain forward) runs exactly SDPA's attention and mask, and gradient
+checkpointing's recomputation in backward, which calls the layer again with the same
+keyword arguments, runs the same plan.
 """
 
 from __future__ import annotations
