@@ -107,6 +107,55 @@ def test_packed_logps_equal_separate_forwards(tiny, tokenizer):
     assert got == pytest.approx([plain_logps(tiny, s) for s in seqs], abs=1e-4)
 
 
+def dense_logps(model, packed) -> torch.Tensor:
+    """The packed forward with one dense (L, L) additive mask through SDPA: the oracle of the
+    blocked trie attention (it was sequence_logps before it)."""
+    keep, where = torch.unique(packed.rows, return_inverse=True)
+    bias = torch.zeros(packed.allowed.shape).masked_fill_(~packed.allowed, torch.finfo().min)
+    logits = model(input_ids=packed.ids, position_ids=packed.positions, use_cache=False,
+                   attention_mask=bias[None, None], logits_to_keep=keep).logits[0]
+    token_logps = logits[where, packed.targets] - logits.logsumexp(-1)[where]
+    return torch.zeros(packed.num_seqs).index_add(0, packed.owner, token_logps)
+
+
+def test_blocked_trie_attention_equals_one_dense_mask_in_value_and_gradient(tiny_model_dir,
+                                                                            tokenizer,
+                                                                            monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from offline_agent.training import trie_attention
+    from offline_agent.training.model import add_lora
+
+    monkeypatch.setattr(trie_attention, "BLOCK", 16)  # many blocks on a small trie
+    items = [encode_pair(tokenizer, step_pair(i)) for i in range(3)]
+    packed = pack([s for item in items for s in item] + list(encode_pair(tokenizer,
+                                                                         trajectory_pair())))
+    plan = trie_attention.plan(packed.allowed, torch.float32, "cpu")
+    assert len(plan.sizes) > 4
+    scored = sum(b.numel() for b in plan.biases)
+    assert scored < 0.6 * packed.allowed.numel()  # masked keys of other branches not scored
+    cfg = TrainConfig(lora_r=4)
+    model = add_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir), cfg)
+    for p in model.parameters():  # LoRA B is zero at init: give the adapter a gradient path
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.05)
+    grads = []
+    for run in (sequence_logps, dense_logps):
+        model.zero_grad()
+        logps = run(model, packed)
+        (logps * torch.linspace(-1, 1, len(logps))).sum().backward()
+        grads.append((logps.detach(), torch.cat([p.grad.flatten() for p in model.parameters()
+                                                 if p.requires_grad])))
+    (blocked, g_blocked), (dense, g_dense) = grads
+    assert blocked.tolist() == pytest.approx(dense.tolist(), abs=1e-4)
+    assert (g_blocked - g_dense).abs().max() <= 1e-4 * g_dense.abs().max()
+    ids = packed.ids[:, :40]  # afterwards a plain forward is SDPA's, as before
+    with torch.no_grad():
+        after = model(ids).logits
+        model.config._attn_implementation = "sdpa"
+        assert (model(ids).logits == after).all()
+
+
 def test_groups_respect_the_token_budget(tokenizer):
     items = [list(encode_pair(tokenizer, step_pair(i))) for i in range(6)]
     one = len(pack(items[0]).ids[0])

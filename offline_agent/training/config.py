@@ -42,7 +42,7 @@ class TrainConfig:
     gradient_checkpointing: bool = _f(False, "recompute activations in backward: less memory, "
                                              "one more forward of time")
     dtype: str = _f("auto", "auto (bfloat16 on a GPU that supports it, else float32), "
-                            "float32 or bfloat16")
+                            "float32 or bfloat16 (on CPU opt-in: it changes the losses)")
     save_every: int = _f(10, "checkpoint (adapter, optimizer, scheduler, data order, RNG) every "
                              "this many steps; the final adapter is always saved")
     seed: int = _f(0, "seed of data order, pair sampling, LoRA init and dropout")

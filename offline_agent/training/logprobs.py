@@ -25,6 +25,8 @@ import torch
 from offline_agent.chat import encode_prompt_completion
 from offline_agent.types import Message
 
+from . import trie_attention
+
 
 @dataclass
 class Encoded:
@@ -158,17 +160,18 @@ def token_logps(model, packed: Packed, temperature: float = 1.0,
     `temperature` (GRPO's ratio is taken at the sampling temperature), and with `entropy`
     the entropy of each of those distributions (T,) (no grad).
 
-    One forward over the flattened trie. Only the rows that predict an action token reach the
-    LM head; log-softmax is taken in float32.
+    One forward over the flattened trie, its attention scoring each query only against the
+    keys its block may attend to (trie_attention.py; the model's attention is switched to it,
+    SDPA's for any other forward). Only the rows that predict an action
+    token reach the LM head; log-softmax is taken in float32.
     """
     device = next(model.parameters()).device
     dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
     keep, where = torch.unique(packed.rows, return_inverse=True)
-    bias = torch.zeros(packed.allowed.shape, dtype=dtype)
-    bias.masked_fill_(~packed.allowed, torch.finfo(dtype).min)
+    trie_attention.use(model)
     logits = model(input_ids=packed.ids.to(device), position_ids=packed.positions.to(device),
-                   attention_mask=bias[None, None].to(device), use_cache=False,
-                   logits_to_keep=keep.to(device)).logits[0].float()
+                   use_cache=False, logits_to_keep=keep.to(device),
+                   trie_plan=trie_attention.plan(packed.allowed, dtype, device)).logits[0].float()
     if temperature != 1.0:
         logits = logits / temperature
     norm = logits.logsumexp(-1)
