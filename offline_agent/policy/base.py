@@ -46,11 +46,11 @@ class Completion:
     # kept), followed by the eos id when eos ended the turn (not decoded into `text`)
     token_ids: list[int]
     # log-prob of each id under the raw model (temperature 1, no top-p): what an
-    # importance ratio (the planned GRPO stage) needs
+    # importance ratio needs (the grpo stage recomputes them by a forward, as pi_old)
     logprobs: list[float]
     finish_reason: str = "length"  # "stop" (eos or stop string) | "length"
     # drawn under a tool-call grammar. `logprobs` are still those of the unconstrained model:
-    # what DPO and RFT recompute; an importance ratio (planned GRPO) would need the masked one
+    # what DPO and RFT recompute; GRPO's ratio would need the masked one (not built)
     constrained: bool = False
     # the ids of `text` that training uses for this action: they decode to exactly `text` (no
     # eos). All of `token_ids` but a final eos, except where the stop string began inside a
@@ -79,8 +79,7 @@ Answer = Callable[[Request, Completion], list[Request]]
 
 
 class Policy(Protocol):
-    """What search, baselines and eval need from a generation backend (and the planned
-    GRPO stage: per-token logprobs)."""
+    """What search, baselines, eval and GRPO's rollouts need from a generation backend."""
 
     tokenizer: object
 
