@@ -40,23 +40,10 @@ from offline_agent.chat import history_messages, render_prompt
 from offline_agent.envs.base import load_env
 from offline_agent.policy import DEFAULT_MODEL, Sampling, load_policy
 from offline_agent.policy import hf as hf_backend
-from offline_agent.policy.base import call_rows, encode_prompt, serve_in_lockstep
+from offline_agent.policy.base import Lockstep, call_rows, encode_prompt
 from offline_agent.rollout import action_sampling, run_episodes
 
 LEVERS = ("compaction", "refill", "episodes", "threads", "bf16")
-
-
-class Lockstep:
-    """A policy served one sample call per turn (run_episodes before Policy.serve)."""
-
-    def __init__(self, policy):
-        self.policy, self.tokenizer = policy, policy.tokenizer
-
-    def sample(self, prompts, n, sampling):
-        return self.policy.sample(prompts, n, sampling)
-
-    def serve(self, requests, sampling, answer):
-        serve_in_lockstep(self, requests, sampling, answer)
 
 
 def minishop_prompts(tokenizer, count: int) -> tuple[list[str], Sampling]:

@@ -126,3 +126,21 @@ def fake_vllm(monkeypatch, scoring_model):
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     return fake
+
+
+@pytest.fixture(scope="module")
+def small_block_policy(tiny_model_dir, tokenizer):
+    """An HFPolicy on the tiny Llama with larger weights (varied log-probs) and 4-token prefix
+    cache blocks, so short test prompts hit the cache; one per module (its cache fills)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from offline_agent.policy.hf import HFPolicy
+    from offline_agent.policy.prefix_cache import PrefixCache
+
+    config = LlamaConfig.from_pretrained(tiny_model_dir)
+    config.initializer_range = 0.2
+    torch.manual_seed(0)
+    policy = HFPolicy(LlamaForCausalLM(config).eval(), tokenizer)
+    policy.prefix_cache = PrefixCache(block_size=4)
+    return policy

@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from offline_agent.chat import encode_prompt_completion
 from offline_agent.training.grpo import (
     EpisodeSteps,
     combined_advantages,
@@ -17,7 +16,6 @@ from offline_agent.training.grpo import (
     episode_advantages,
     masked_logprobs,
     shaped_rewards,
-    spread_over_turns,
     state_hash,
     step_advantages,
     step_normaliser,
@@ -25,7 +23,6 @@ from offline_agent.training.grpo import (
     token_loss,
 )
 from offline_agent.training.grpo_config import GRPOConfig
-from offline_agent.types import Message
 
 S3 = 1 / math.sqrt(3)
 CLIP = {"epsilon": 0.2, "epsilon_high": 0.28}
@@ -141,23 +138,6 @@ def test_step_advantages_edge_cases():
     with pytest.raises(ValueError, match="one state per step"):
         step_advantages([EpisodeSteps(0, ["x"], [0.0, 1.0])], 0.9)
 
-
-def test_spread_over_turns():
-    mask = torch.tensor([0, 1, 1, 0, 0, 1, 0])
-    close(spread_over_turns(torch.tensor([2.0, -1.0]), mask), [0, 2, 2, 0, 0, -1, 0])
-    close(spread_over_turns(torch.zeros(0), torch.zeros(3, dtype=torch.long)), [0, 0, 0])
-    with pytest.raises(ValueError, match="assistant turns"):
-        spread_over_turns(torch.tensor([1.0]), mask)
-
-
-def test_spread_over_turns_finds_one_run_per_assistant_turn_of_chat_masks(tokenizer):
-    prompt = [Message("system", "You shop."), Message("user", "a blue power bank")]
-    episode = [Message("assistant", "search[power bank]"), Message("tool", "Results: P0001"),
-               Message("assistant", "click[P0001]"), Message("tool", "Item page"),
-               Message("assistant", "buy")]
-    ids, mask = encode_prompt_completion(tokenizer, prompt, episode)
-    per_token = spread_over_turns(torch.tensor([1.0, 2.0, 3.0]), torch.tensor(mask))
-    assert sorted(set(per_token[torch.tensor(mask).bool()].tolist())) == [1.0, 2.0, 3.0]
 
 
 # --- the loss -----------------------------------------------------------------------------

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from offline_agent.policy import Sampling
-from offline_agent.policy.hf import HFPolicy
 from offline_agent.policy.prefix_cache import PrefixCache
 
 
@@ -50,15 +49,8 @@ def test_store_from_a_cached_prefix_takes_only_the_new_part():
 
 
 @pytest.fixture(scope="module")
-def policy(tiny_model_dir, tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig.from_pretrained(tiny_model_dir)
-    config.initializer_range = 0.2
-    torch.manual_seed(0)
-    p = HFPolicy(LlamaForCausalLM(config).eval(), tokenizer)
-    p.prefix_cache = PrefixCache(block_size=4)  # small blocks: every prompt below uses several
-    return p
+def policy(small_block_policy):
+    return small_block_policy
 
 
 def test_warm_cache_gives_the_cold_results(policy, tokenizer):

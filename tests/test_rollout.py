@@ -6,7 +6,7 @@ import pytest
 
 from offline_agent.envs.base import StepResult
 from offline_agent.policy import load_policy
-from offline_agent.policy.base import serve_in_lockstep
+from offline_agent.policy.base import Lockstep
 from offline_agent.rollout import make_step, run_episodes
 from offline_agent.types import Step, ToolCall
 from tests.test_mcts import Corridor
@@ -40,19 +40,6 @@ def test_a_sampled_episode_is_the_same_alone_or_in_any_batch(policy):
     # and the call's seed still matters
     again = run_episodes(policy, make_env, tasks[2:3], temperature=1.0, seed=6)
     assert _actions(again[0]) != _actions(alone[0])
-
-
-class Lockstep:
-    """The policy served in lockstep (one sample call per turn of the episodes in play)."""
-
-    def __init__(self, policy):
-        self.policy, self.tokenizer = policy, policy.tokenizer
-
-    def sample(self, prompts, n, sampling):
-        return self.policy.sample(prompts, n, sampling)
-
-    def serve(self, requests, sampling, answer):
-        serve_in_lockstep(self, requests, sampling, answer)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -8,20 +8,11 @@ import torch
 from offline_agent.policy.attention import NAME, gqa_sdpa_attention
 from offline_agent.policy.base import encode_prompt
 from offline_agent.policy.choices import choice_tree
-from offline_agent.policy.hf import HFPolicy
-from offline_agent.policy.prefix_cache import PrefixCache
 
 
 @pytest.fixture(scope="module")
-def policy(tiny_model_dir, tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig.from_pretrained(tiny_model_dir)
-    config.initializer_range = 0.2
-    torch.manual_seed(0)
-    p = HFPolicy(LlamaForCausalLM(config).eval(), tokenizer)
-    p.prefix_cache = PrefixCache(block_size=4)  # small blocks: prompts below hit the cache
-    return p
+def policy(small_block_policy):
+    return small_block_policy
 
 
 def naive(model, prompt_ids, choice_ids):

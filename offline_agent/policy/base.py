@@ -206,3 +206,18 @@ def call_rows(tokenizer, prompts: list[str], n: int, sampling: Sampling, rng: to
     rows = [ids[i] for i in range(len(prompts)) for _ in range(n)]
     return (rows, row_seeds(sampling.seed, len(prompts), n, rng),
             row_temperatures(sampling.temperature, len(prompts), n))
+
+
+class Lockstep:
+    """A policy served one `sample` call per round (`serve_in_lockstep`): how run_episodes
+    played before `Policy.serve`, the baseline that continuous batching is tested and
+    benchmarked against."""
+
+    def __init__(self, policy):
+        self.policy, self.tokenizer = policy, policy.tokenizer
+
+    def sample(self, prompts, n, sampling):
+        return self.policy.sample(prompts, n, sampling)
+
+    def serve(self, requests, sampling, answer):
+        serve_in_lockstep(self, requests, sampling, answer)

@@ -130,18 +130,6 @@ def combined_advantages(episode: torch.Tensor, steps: list[torch.Tensor],
     return [episode[i] + step_weight * s for i, s in enumerate(steps)]
 
 
-def spread_over_turns(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(T,) per-token values of one episode's sequence: the k-th run of agent tokens in
-    `mask` (the k-th assistant turn, chat.py's masks) gets values[k]; other tokens 0."""
-    m = mask.bool()
-    starts = m & ~torch.cat([m.new_zeros(1), m[:-1]])
-    if int(starts.sum()) != values.numel():
-        raise ValueError(f"{values.numel()} step values for a sequence with "
-                         f"{int(starts.sum())} assistant turns")
-    turn = (starts.long().cumsum(0) - 1).clamp(min=0)
-    return torch.where(m, values[turn] if values.numel() else 0.0, 0.0)
-
-
 def step_normaliser(loss_type: str, agent_tokens: list[int], max_tokens: int) -> float:
     """What `token_loss` divides by, from the whole optimizer step (all its forwards), so the
     losses of a step's forwards sum to the step's loss however the step is split:

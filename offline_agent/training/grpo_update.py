@@ -97,8 +97,10 @@ def update(model, optimizer, batch: Batch, cfg: GRPOConfig, pack_tokens: int,
     """num_iterations optimizer updates on one batch of rollouts; returns their metrics
     (ratio, clip fraction, KL, entropy: means over agent tokens)."""
     began = time.perf_counter()
-    items = [[i for i, e in enumerate(batch.episode) if e == ep] for ep in range(batch.num_episodes)]
-    items = [it for it in items if it]
+    turns: dict[int, list[int]] = {}  # episode -> its sequences, in order
+    for i, e in enumerate(batch.episode):
+        turns.setdefault(e, []).append(i)
+    items = list(turns.values())
     chunks = [[s for g in grp for s in items[g]] for grp in
               groups([[batch.seqs[s] for s in it] for it in items], pack_tokens)]
     packs = [pack([batch.seqs[s] for s in c]) for c in chunks]
