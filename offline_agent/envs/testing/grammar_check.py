@@ -12,6 +12,7 @@ might write that the parser would read otherwise.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from offline_agent.chat import history_messages, render_prompt
 from offline_agent.envs.base import ActionError, Env, validate_call
@@ -92,22 +93,30 @@ def _check_enums(call: ToolCall, tools: list[dict]) -> None:
             raise ActionError(f"{call.name}.{key} = {value!r} is not one of the state's {allowed}")
 
 
+PROMPT_OBSERVATION_CHARS = 500  # of each observation in the check's prompts
+
+
 def _states(env: Env, tokenizer) -> tuple[list[str], list[list[dict]]]:
     """Prompts (the history so far) and call tools at the first state and after each
-    demonstration action."""
+    demonstration action.
+
+    The prompts feed a random model, so what they say does not matter, only that the grammar
+    holds whatever comes before: observations are cut and the demonstration left out, which
+    keeps the check seconds long where an env's observations are long."""
     from offline_agent.rollout import make_step
 
     episode = env.demo_episode()
     task, actions = episode if episode else (env.tasks("train", 1)[0], [])
-    first, steps = env.reset(task), []
+    first, steps = env.reset(task)[:PROMPT_OBSERVATION_CHARS], []
     prompts, tools = [], []
     for text in [*actions[:-1], None]:
         prompts.append(render_prompt(tokenizer, history_messages(
-            env.system_prompt(), task.instruction, first, steps, env.demonstration())))
+            env.system_prompt(), task.instruction, first, steps)))
         tools.append(env.call_tools())
         if text is None:
             break
-        steps.append(make_step(text, *env.act(text)))
+        step = make_step(text, *env.act(text))
+        steps.append(replace(step, observation=step.observation[:PROMPT_OBSERVATION_CHARS]))
         if steps[-1].done:
             break
     return prompts, tools
