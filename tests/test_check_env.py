@@ -49,7 +49,12 @@ def test_builtin_envs_pass(name, capsys):
 
 
 def test_python_env_passes_with_the_real_sandbox():
-    results = check_env(lambda: load_env("python"), n_fuzz=40)
+    def make_env():  # a random model's replies run to the budget: 96 tokens close as 320 do
+        env = load_env("python")
+        env.max_action_tokens = 96
+        return env
+
+    results = check_env(make_env, n_fuzz=40)
     assert [r.ok for r in results] == [True, True, True, True, None, True, True, True], results
 
 
