@@ -88,13 +88,16 @@ class EnvConfig:
     )
     train_tasks: int = _f(32, "tasks of the train split (searched, mined, trained on)")
     test_tasks: int = _f(16, "tasks of the test split (held out for evaluation)")
+    val_tasks: int = _f(0, "validation tasks, for choices made before the test tasks are "
+                           "played (train.select: val): the env's train tasks after the first "
+                           "train_tasks, so disjoint from both; 0: none")
 
     def __post_init__(self):
         if self.name not in BUILTIN_ENVS and ":" not in self.name:
             raise ConfigError(f"env.name must be one of {', '.join(BUILTIN_ENVS)} or "
                               f"'package.module:Class', got {self.name!r}")
-        if self.train_tasks < 0 or self.test_tasks < 0:
-            raise ConfigError("env.train_tasks and env.test_tasks must be >= 0")
+        if min(self.train_tasks, self.test_tasks, self.val_tasks) < 0:
+            raise ConfigError("env.train_tasks, env.test_tasks and env.val_tasks must be >= 0")
 
 
 @dataclass
