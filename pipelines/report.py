@@ -17,7 +17,7 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from offline_agent.evaluation import BASE, MODE, Episode, EvalConfig, compare, summarize
+from offline_agent.evaluation import BASE, MODE, VAL, Episode, EvalConfig, compare, summarize
 from offline_agent.search.concordance import concordance
 from pipelines.report_html import render
 from pipelines.report_table import CONCORDANCE
@@ -38,6 +38,7 @@ def build_report(store: Store, cfg: EvalConfig) -> dict:
         "generated_at": datetime.now().astimezone().isoformat(timespec="seconds"),
         "config": runs[-1]["config"] if runs else None,
         "policies": policy_results(store, cfg),
+        "comparisons": comparisons(store, cfg),
         "stages": stage_rows(store),
         CONCORDANCE: critic_concordance(store),
         "data": {
@@ -54,9 +55,7 @@ def build_report(store: Store, cfg: EvalConfig) -> dict:
 def policy_results(store: Store, cfg: EvalConfig) -> list[dict]:
     """One entry per evaluated (policy, mode): base first, then trained policies in the
     order training finished them; each but base with its paired difference to base."""
-    runs: dict[tuple[str, str], list[Episode]] = {}
-    for row in store.eval_episodes():
-        runs.setdefault((row.policy, row.mode), []).append(Episode.from_row(row))
+    runs = test_episodes(store)
     rank = {name: i for i, name in enumerate([BASE, *trained_policies(store)])}
     order = sorted(runs, key=lambda k: (rank.get(k[0], len(rank)), k[0], k[1] != MODE, k[1]))
     base = runs.get((BASE, MODE))
@@ -67,6 +66,37 @@ def policy_results(store: Store, cfg: EvalConfig) -> list[dict]:
         entry["delta_vs_base"] = (compare(runs[policy, mode], base, cfg)
                                   if base and not is_base else None)
         out.append(entry)
+    return out
+
+
+def test_episodes(store: Store) -> dict[tuple[str, str], list[Episode]]:
+    """{(policy, mode): its episodes on the test tasks}: validation episodes (the train
+    stage's checkpoint selection, on split "val") never enter the test table."""
+    val = {t.id for t in store.tasks(VAL)}
+    runs: dict[tuple[str, str], list[Episode]] = {}
+    for row in store.eval_episodes():
+        if row.task_id not in val:
+            runs.setdefault((row.policy, row.mode), []).append(Episode.from_row(row))
+    return runs
+
+
+# the paired tests beside "each policy vs base": the paper's central claim, step-level DPO
+# against outcome DPO (each round's, when both were trained)
+CLAIMS = (("dpo_step", "dpo_outcome"),)
+
+
+def comparisons(store: Store, cfg: EvalConfig) -> list[dict]:
+    """Each CLAIMS pair both of whose policies were evaluated (greedy, any round): the first
+    minus the second on the tasks both played, as `compare` gives it (paired intervals,
+    wins, losses, McNemar's p, eval.configs_tried)."""
+    runs = test_episodes(store)
+    out = []
+    for r in stored_rounds(lambda s: store.final_checkpoints(s), "train") or [1]:
+        for a, b in CLAIMS:
+            a, b = round_name(a, r), round_name(b, r)
+            if (a, MODE) in runs and (b, MODE) in runs:
+                out.append({"policy": a, "against": b,
+                            **compare(runs[a, MODE], runs[b, MODE], cfg)})
     return out
 
 

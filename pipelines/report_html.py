@@ -15,8 +15,10 @@ from pipelines.report_table import (
     COLUMNS,
     CONCORDANCE,
     CONCORDANCE_COLUMNS,
+    TEST_COLUMNS,
     comparison_cells,
     concordance_rows,
+    paired_test_rows,
 )
 
 STYLE = """
@@ -38,6 +40,7 @@ def render(report: dict) -> str:
         f"<p class='note'>generated {escape(report['generated_at'])}; numbers from "
         "report.json next to this page</p>",
         "<h2>Policies on the held-out test tasks</h2>", _comparison(report["policies"]),
+        "<h2>Paired tests</h2>", _paired_tests(report),
         "<h2>Success by policy</h2>", _success_chart(report["policies"]),
         "<h2>Training</h2>", _training(report["training"]),
         "<h2>Online GRPO</h2>", _grpo(report.get("grpo", [])),
@@ -70,6 +73,19 @@ def _comparison(policies: list[dict]) -> str:
             "over tasks; vs base: mean per-task difference on the tasks both policies played, "
             "paired bootstrap 95% interval (it excludes 0 when the difference is clear).</p>")
     return _table(COLUMNS, [comparison_cells(e) for e in policies]) + note
+
+
+def _paired_tests(report: dict) -> str:
+    rows = paired_test_rows(report)
+    if not rows:
+        return _missing("No two evaluated policies to compare yet.")
+    note = ("<p class='note'>on the test tasks both policies played. wins: tasks only the "
+            "policy solved; losses: tasks only the other one did. McNemar p: exact two-sided "
+            "sign test on those discordant tasks (the others carry no information on the "
+            "difference). configs tried: eval.configs_tried, the configurations tried before "
+            "this one; with k tried, read each p-value against k (e.g. Bonferroni: p &times; k)."
+            "</p>")
+    return _table(TEST_COLUMNS, rows) + note
 
 
 def _svg(fig) -> str:

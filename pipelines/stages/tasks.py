@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from offline_agent.evaluation import VAL
 from offline_agent.types import Task
 from pipelines.config import make_env
 from pipelines.runner import StageContext
-
-VAL = "val"  # the split name validation tasks are stored under
 
 
 def split_tasks(env, train_n: int, test_n: int, val_n: int) -> dict[str, list[Task]]:
