@@ -22,6 +22,7 @@ from offline_agent.search.concordance import concordance
 from pipelines.report_html import render
 from pipelines.report_table import CONCORDANCE
 from pipelines.rounds import round_name, stored_rounds, trained_policies
+from pipelines.transcripts import transcripts
 from storage import Store
 
 
@@ -49,6 +50,7 @@ def build_report(store: Store, cfg: EvalConfig) -> dict:
         },
         "training": training_curves(store),
         "grpo": [{"step": r.step, **r.data} for r in store.metrics("grpo")],
+        "transcripts": episode_transcripts(store),
     }
 
 
@@ -98,6 +100,14 @@ def comparisons(store: Store, cfg: EvalConfig) -> list[dict]:
                 out.append({"policy": a, "against": b,
                             **compare(runs[a, MODE], runs[b, MODE], cfg)})
     return out
+
+
+def episode_transcripts(store: Store) -> dict[str, dict]:
+    """pipelines/transcripts.py's episodes, of the test tasks (validation ones left out)."""
+    tasks = store.tasks()
+    val = {t.id for t in tasks if t.split == VAL}
+    return transcripts([r for r in store.eval_episodes() if r.task_id not in val],
+                       {t.id: t.instruction for t in tasks})
 
 
 def stage_rows(store: Store) -> list[dict]:

@@ -31,6 +31,11 @@ th, td { padding: 4px 10px; border-bottom: 1px solid #eee; text-align: left;
 th { background: #f5f5f5; white-space: nowrap; } .missing { color: #888; font-style: italic; }
 .note { color: #555; font-size: 13px; } svg { max-width: 100%; height: auto; }
 .grid { display: flex; flex-wrap: wrap; gap: 24px; }
+details { margin: 4px 0; } summary { cursor: pointer; }
+.episode { display: flex; gap: 16px; } .episode > div { flex: 1; min-width: 0; }
+.episode pre { white-space: pre-wrap; word-break: break-word; margin: 2px 0 6px;
+               background: #f7f7f7; padding: 4px 6px; font-size: 12px; }
+.invalid { color: #b00; }
 """
 
 
@@ -42,6 +47,7 @@ def render(report: dict) -> str:
         "<h2>Policies on the held-out test tasks</h2>", _comparison(report["policies"]),
         "<h2>Paired tests</h2>", _paired_tests(report),
         "<h2>Success by policy</h2>", _success_chart(report["policies"]),
+        "<h2>What changed: episodes</h2>", _transcripts(report.get("transcripts", {})),
         "<h2>Training</h2>", _training(report["training"]),
         "<h2>Online GRPO</h2>", _grpo(report.get("grpo", [])),
         "<h2>Search</h2>", _search(report["stages"]),
@@ -86,6 +92,45 @@ def _paired_tests(report: dict) -> str:
             "this one; with k tried, read each p-value against k (e.g. Bonferroni: p &times; k)."
             "</p>")
     return _table(TEST_COLUMNS, rows) + note
+
+
+SIDES = (("wins", "solved where base failed"), ("losses", "failed where base solved"))
+
+
+def _transcripts(by_policy: dict[str, dict]) -> str:
+    """Per trained policy and side, a few tasks, each with both episodes side by side."""
+    if not by_policy:
+        return _missing("No trained policy evaluated beside base yet.")
+    parts = []
+    for policy, sides in by_policy.items():
+        for side, label in SIDES:
+            shown = "".join(_task(policy, t) for t in sides[side])
+            count = f"{len(sides[side])} of {sides[f'n_{side}']} shown"
+            parts.append(f"<details><summary><b>{escape(policy)}</b> {label} ({count})"
+                         f"</summary>{shown or _missing('none')}</details>")
+    note = ("<p class='note'>test tasks in task order; each step: the action the policy "
+            "wrote, the observation it got back (long pages cut), the step's reward.</p>")
+    return "".join(parts) + note
+
+
+def _task(policy: str, t: dict) -> str:
+    columns = "".join(f"<div>{_episode(name, t[key])}</div>"
+                      for name, key in ((policy, "policy"), ("base", "base")))
+    return (f"<details><summary>{escape(t['task_id'])}: {escape(t['instruction'])}</summary>"
+            f"<div class='episode'>{columns}</div></details>")
+
+
+def _episode(name: str, e: dict) -> str:
+    head = (f"<p><b>{escape(name)}</b>: reward {e['reward']:.3g}, "
+            f"{'solved' if e['success'] else 'not solved'}, {len(e['steps'])} steps</p>")
+    return head + "".join(_step(i, s) for i, s in enumerate(e["steps"], 1))
+
+
+def _step(i: int, s: dict) -> str:
+    mark = " class='invalid'" if s["invalid"] else ""
+    flag = ", invalid" if s["invalid"] else ""
+    return (f"<p{mark}>step {i} (reward {s['reward']:.3g}{flag})</p>"
+            f"<pre>&gt; {escape(s['action'])}</pre><pre>{escape(s['observation'])}</pre>")
 
 
 def _svg(fig) -> str:
