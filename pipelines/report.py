@@ -19,6 +19,7 @@ from pathlib import Path
 
 from offline_agent.evaluation import BASE, MODE, VAL, Episode, EvalConfig, compare, summarize
 from offline_agent.search.concordance import concordance
+from pipelines.diagnostics import diagnose
 from pipelines.report_html import render
 from pipelines.report_table import CONCORDANCE
 from pipelines.rounds import round_name, stored_rounds, trained_policies
@@ -51,6 +52,7 @@ def build_report(store: Store, cfg: EvalConfig) -> dict:
         "training": training_curves(store),
         "grpo": [{"step": r.step, **r.data} for r in store.metrics("grpo")],
         "transcripts": episode_transcripts(store),
+        "diagnostics": diagnose(store),
     }
 
 

@@ -36,6 +36,8 @@ details { margin: 4px 0; } summary { cursor: pointer; }
 .episode pre { white-space: pre-wrap; word-break: break-word; margin: 2px 0 6px;
                background: #f7f7f7; padding: 4px 6px; font-size: 12px; }
 .invalid { color: #b00; }
+.mark { font-weight: bold; white-space: nowrap; } .ok { color: #1a7f37; } .bad { color: #c62828; }
+.na { color: #888; }
 """
 
 
@@ -46,6 +48,7 @@ def render(report: dict) -> str:
         "report.json next to this page</p>",
         "<h2>Policies on the held-out test tasks</h2>", _comparison(report["policies"]),
         "<h2>Paired tests</h2>", _paired_tests(report),
+        "<h2>Diagnostics</h2>", _diagnostics(report.get("diagnostics", [])),
         "<h2>Success by policy</h2>", _success_chart(report["policies"]),
         "<h2>What changed: episodes</h2>", _transcripts(report.get("transcripts", {})),
         "<h2>Training</h2>", _training(report["training"]),
@@ -92,6 +95,26 @@ def _paired_tests(report: dict) -> str:
             "this one; with k tried, read each p-value against k (e.g. Bonferroni: p &times; k)."
             "</p>")
     return _table(TEST_COLUMNS, rows) + note
+
+
+MARKS = {True: ("ok", "&#9679; ok"), False: ("bad", "&#9679; check"), None: ("na", "&#9675; n/a")}
+
+
+def _diagnostics(lines: list[dict]) -> str:
+    """pipelines/diagnostics.py's lines: mark, check, figure, threshold, every policy."""
+    if not lines:
+        return _missing("No diagnostics (a report written before they existed).")
+    head = "".join(f"<th>{h}</th>" for h in ("", "check", "figure", "threshold", "by policy"))
+    rows = "".join(
+        f"<tr><td class='mark {MARKS[d['ok']][0]}'>{MARKS[d['ok']][1]}</td>"
+        f"<td>{escape(d['label'])}</td><td>{escape(d['figure'])}</td>"
+        f"<td>{escape(d['threshold'])}</td><td class='note'>{escape(d['detail'])}</td></tr>"
+        for d in lines)
+    bad = sum(d["ok"] is False for d in lines)
+    note = (f"<p class='note'>{bad} of {len(lines)} checks past their threshold (red); "
+            "n/a: nothing to judge yet. Thresholds are rules of thumb: a red line says where "
+            "to look (docs/evaluation.md).</p>")
+    return f"<table><tr>{head}</tr>{rows}</table>{note}"
 
 
 SIDES = (("wins", "solved where base failed"), ("losses", "failed where base solved"))

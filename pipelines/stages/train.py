@@ -87,7 +87,8 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
     if writer:
         writer.close()
     final = {"folder": _in_run(ctx, folder / "final"), "step": metrics["step"],
-             "items": metrics["items"], "loss": round(metrics["loss"], 4)}
+             "items": metrics["items"], "loss": round(metrics["loss"], 4),
+             "trained_tokens": metrics["action_tokens"], "agent_tokens": metrics["agent_tokens"]}
     store.set_checkpoint(ctx.stage, ctx.shard, f"{policy}/final", final)
     return final
 
