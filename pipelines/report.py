@@ -53,6 +53,7 @@ def build_report(store: Store, cfg: EvalConfig) -> dict:
         "grpo": [{"step": r.step, **r.data} for r in store.metrics("grpo")],
         "transcripts": episode_transcripts(store),
         "diagnostics": diagnose(store),
+        "selection": checkpoint_selection(store),
     }
 
 
@@ -102,6 +103,13 @@ def comparisons(store: Store, cfg: EvalConfig) -> list[dict]:
                 out.append({"policy": a, "against": b,
                             **compare(runs[a, MODE], runs[b, MODE], cfg)})
     return out
+
+
+def checkpoint_selection(store: Store) -> dict[str, dict]:
+    """{policy: which checkpoint train.select=val chose and why, with every candidate's
+    validation score} for each trained policy selected that way (pipelines/stages/select.py)."""
+    return {name: final["selected"] for name, final in trained_policies(store).items()
+            if "selected" in final}
 
 
 def episode_transcripts(store: Store) -> dict[str, dict]:

@@ -52,6 +52,7 @@ def render(report: dict) -> str:
         "<h2>Success by policy</h2>", _success_chart(report["policies"]),
         "<h2>What changed: episodes</h2>", _transcripts(report.get("transcripts", {})),
         "<h2>Training</h2>", _training(report["training"]),
+        "<h2>Checkpoint selection on validation</h2>", _selection(report.get("selection", {})),
         "<h2>Online GRPO</h2>", _grpo(report.get("grpo", [])),
         "<h2>Search</h2>", _search(report["stages"]),
         "<h2>Critic concordance</h2>", _concordance(report[CONCORDANCE]),
@@ -95,6 +96,18 @@ def _paired_tests(report: dict) -> str:
             "this one; with k tried, read each p-value against k (e.g. Bonferroni: p &times; k)."
             "</p>")
     return _table(TEST_COLUMNS, rows) + note
+
+
+def _selection(by_policy: dict[str, dict]) -> str:
+    """Each policy's candidates on the validation tasks, the chosen one marked, and why."""
+    if not by_policy:
+        return _missing("train.select is last: each policy's final adapter is its last step's.")
+    rows = [[policy, c["step"], "chosen" if c["step"] == sel["step"] else "",
+             f"{100 * (c['success_rate'] or 0):.1f}%", _fmt(c["mean_reward"]), c["n_tasks"]]
+            for policy, sel in by_policy.items() for c in sel["candidates"]]
+    why = "".join(f"<li>{escape(p)}: {escape(sel['why'])}</li>" for p, sel in by_policy.items())
+    return (_table(["policy", "step", "", "validation success", "mean reward", "n"], rows)
+            + f"<ul class='note'>{why}</ul>")
 
 
 MARKS = {True: ("ok", "&#9679; ok"), False: ("bad", "&#9679; check"), None: ("na", "&#9675; n/a")}

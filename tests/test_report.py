@@ -131,6 +131,21 @@ def test_paired_tests_and_validation_episodes_kept_out_of_the_test_table(run_dir
     assert "<td>dpo_outcome</td><td>40</td><td>+20.0% [" in html  # the paired-test row
 
 
+def test_the_checkpoint_selection_is_shown_with_its_reason(run_dir):
+    candidates = [{"step": s, "folder": f"c/{s}", "policy": f"rft/step-{s}", "n_tasks": 4,
+                   "success_rate": r, "mean_reward": 0.5} for s, r in ((2, 0.5), (4, 0.25))]
+    selected = {"by": "val", "step": 2, "last_step": 4, "why": "step 2 of 2 checkpoints: x",
+                "candidates": candidates}
+    with Store(run_dir / "store.duckdb") as store:
+        store.set_checkpoint("train", "", "rft/final", {"folder": "c/2", "step": 4,
+                                                        "selected": selected})
+        report = build_report(store, EvalConfig())
+    assert report["selection"] == {"rft": selected}
+    html = write_report(run_dir, report).read_text()
+    assert "<td>rft</td><td>2</td><td>chosen</td><td>50.0%</td>" in html
+    assert "<li>rft: step 2 of 2 checkpoints: x</li>" in html
+
+
 def test_report_files_and_table(run_dir):
     with Store(run_dir / "store.duckdb", read_only=True) as store:
         report = build_report(store, EvalConfig())
