@@ -36,10 +36,8 @@ class EvalConfig:
                               "and of paired differences", hashed=False)
     seed: int = _f(0, "seed of the bootstrap resampling (same seed, same intervals)",
                    hashed=False)
-    configs_tried: int = _f(1, "configurations tried before settling on this one (e.g. on the "
-                               "validation split), shown beside every p-value: with k tried, "
-                               "the smallest of k p-values is small by chance more often",
-                            hashed=False)
+    configs_tried: int = _f(1, "configurations tried to reach this one (e.g. on validation), "
+                               "shown beside every p-value", hashed=False)
 
     def __post_init__(self):
         if self.bootstrap < 100:

@@ -88,9 +88,8 @@ class EnvConfig:
     )
     train_tasks: int = _f(32, "tasks of the train split (searched, mined, trained on)")
     test_tasks: int = _f(16, "tasks of the test split (held out for evaluation)")
-    val_tasks: int = _f(0, "validation tasks, for choices made before the test tasks are "
-                           "played (train.select: val): the env's train tasks after the first "
-                           "train_tasks, so disjoint from both; 0: none")
+    val_tasks: int = _f(0, "validation tasks (train.select: val): the env's train tasks after "
+                           "the first train_tasks, disjoint from train and test; 0: none")
 
     def __post_init__(self):
         if self.name not in BUILTIN_ENVS and ":" not in self.name:

@@ -45,11 +45,8 @@ class TrainConfig:
                             "float32 or bfloat16 (on CPU opt-in: it changes the losses)")
     save_every: int = _f(10, "checkpoint (adapter, optimizer, scheduler, data order, RNG) every "
                              "this many steps; the final adapter is always saved")
-    select: str = _f("last", "which adapter is a policy's final one: last (the last step's), "
-                             "or val: of the checkpoints saved every save_every steps and the "
-                             "last, the one with the best greedy success on the validation "
-                             "tasks (env.val_tasks; mean reward breaks ties). val plays those "
-                             "tasks in the train stage and can change the adapter eval plays")
+    select: str = _f("last", "a policy's final adapter: last (its last step's) or val (the "
+                             "checkpoint best on the validation tasks; changes what eval plays)")
     seed: int = _f(0, "seed of data order, pair sampling, LoRA init and dropout")
     report_to: str = _f("none", "none, or tensorboard: also log metrics under "
                                 "RUN_DIR/checkpoints/train/<policy>/tb")
