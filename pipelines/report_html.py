@@ -81,7 +81,8 @@ def _comparison(policies: list[dict]) -> str:
         return _missing("No evaluation episodes yet (the eval stage has not run).")
     note = ("<p class='note'>success: Wilson 95% interval; mean reward: bootstrap 95% interval "
             "over tasks; vs base: mean per-task difference on the tasks both policies played, "
-            "paired bootstrap 95% interval (it excludes 0 when the difference is clear).</p>")
+            "paired bootstrap 95% interval (it excludes 0 when the difference is clear). "
+            "McNemar p (wins:losses, configurations tried): the paired tests below.</p>")
     return _table(COLUMNS, [comparison_cells(e) for e in policies]) + note
 
 
@@ -92,9 +93,9 @@ def _paired_tests(report: dict) -> str:
     note = ("<p class='note'>on the test tasks both policies played. wins: tasks only the "
             "policy solved; losses: tasks only the other one did. McNemar p: exact two-sided "
             "sign test on those discordant tasks (the others carry no information on the "
-            "difference). configs tried: eval.configs_tried, the configurations tried before "
-            "this one; with k tried, read each p-value against k (e.g. Bonferroni: p &times; k)."
-            "</p>")
+            "difference). configs tried: eval.configs_tried, the configurations tried to reach "
+            "this one (it included); with k tried, read each p-value against k (e.g. "
+            "Bonferroni: p &times; k).</p>")
     return _table(TEST_COLUMNS, rows) + note
 
 

@@ -46,7 +46,7 @@ def _p(d: dict) -> str:
 
 
 COLUMNS = ["policy", "mode", "n", "success [95% CI]", "vs base (paired)",
-           "McNemar p (W:L, configs)", "mean reward [95% CI]", "vs base (paired)", "invalid", "steps"]
+           "McNemar p", "mean reward [95% CI]", "vs base (paired)", "invalid", "steps"]
 
 
 def comparison_table(report: dict) -> str:

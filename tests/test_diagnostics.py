@@ -4,6 +4,8 @@ nothing; and the section on the page."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from offline_agent.evaluation import EvalConfig
@@ -11,6 +13,7 @@ from offline_agent.types import Task
 from pipelines.diagnostics import LOOP_RUN, diagnose, longest_run
 from pipelines.report import build_report, write_report
 from storage import EvalEpisodeRow, MetricRow, Store
+from tests.test_report import chromium, needs_chromium
 
 N = 10  # episodes per policy
 
@@ -130,3 +133,23 @@ def test_the_section_on_the_page_and_in_report_json(tmp_path):
     assert section.count("class='mark bad'") == len(CHECKS)
     assert "12 of 12 checks past their threshold" in section
     assert "<td>calls to tools that do not exist</td><td>50.0% (40 of 80 steps" in section
+
+
+@needs_chromium
+def test_the_section_in_a_browser(tmp_path):
+    """Rendered by Chromium: one row per check, each red in a broken run, the transcripts
+    folded, no script errors; the PNG is not blank."""
+    import matplotlib.image
+
+    with Store(tmp_path / "store.duckdb") as store:
+        fill(store, bad=True)
+        report = build_report(store, EvalConfig(bootstrap=500))
+    page = write_report(tmp_path, report)
+    png = tmp_path / "report.png"
+    dom, console = chromium(page, tmp_path, png)
+    assert console == []
+    section = dom[dom.index(">Diagnostics</h2>"):dom.index(">Success by policy</h2>")]
+    assert len(re.findall(r'<td class="mark bad">', section)) == len(CHECKS)
+    assert "<summary><b>dpo_step</b> failed where base solved (3 of 5 shown)</summary>" in dom
+    pixels = matplotlib.image.imread(png)
+    assert pixels[:, :, :3].std() > 0.05
