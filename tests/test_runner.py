@@ -85,6 +85,14 @@ def test_a_task_id_in_two_splits_is_refused_naming_them():
     with pytest.raises(ValueError, match=r"'t0' more than once \(test and val tasks"):
         split_tasks(Overlapping(), 0, 2, 2)
 
+    class Reshuffled(FakeEnv):
+        def tasks(self, split, n):  # the order depends on n
+            return [Task(f"{split}{(i + 1) % n}", self.name, "x", split) for i in range(n)]
+
+    with pytest.raises(ValueError, match=r"tasks\('train', 3\) does not start with"):
+        split_tasks(Reshuffled(), 2, 1, 1)
+    assert len(split_tasks(Reshuffled(), 2, 1, 0)["train"]) == 2  # no validation: no check
+
 
 def test_changed_config_is_refused_then_forced(tmp_path, capsys):
     run(fake_cfg(), tmp_path, TASKS_ONLY)

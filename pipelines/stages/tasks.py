@@ -5,7 +5,8 @@ Validation tasks (env.val_tasks) come from the env's train split, after the firs
 env.train_tasks: `tasks("train", train_tasks + val_tasks)[train_tasks:]`, stored with split
 "val". The Env contract stays train | test, so any env gets a validation split, drawn like
 its train tasks and disjoint from the test ones as its train tasks are; the stage checks
-that no task id repeats across the three.
+that no task id repeats across the three, and that the longer draw starts with the train
+tasks (so turning validation on leaves them as they were).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ def split_tasks(env, train_n: int, test_n: int, val_n: int) -> dict[str, list[Ta
     """{"train", "test", "val"}: the run's tasks of each split, checked (each returned by the
     split asked for, no id twice across splits); a ValueError names the problem."""
     drawn = env.tasks("train", train_n + val_n)
+    if val_n and [t.id for t in drawn[:train_n]] != [t.id for t in env.tasks("train", train_n)]:
+        raise ValueError(f"env {env.name!r}: tasks('train', {train_n + val_n}) does not start "
+                         f"with tasks('train', {train_n}), so validation tasks would change the "
+                         "train tasks; make the first n train tasks the same for every n")
     out = {"train": drawn[:train_n], "test": env.tasks("test", test_n), VAL: drawn[train_n:]}
     for want in ("train", "test"):
         wrong = [t for t in out[want] + (out[VAL] if want == "train" else []) if t.split != want]
