@@ -24,6 +24,7 @@ from storage.rows import EvalEpisodeRow
 
 MODE = "greedy"  # the one mode evaluation plays (greedy_episodes): eval_episodes.mode
 BASE = "base"  # the policy name of the untrained model, which every other is compared to
+TEST = "test"  # the split of the held-out tasks: the only one the report's tables read
 VAL = "val"  # the split of validation tasks (env.val_tasks): never in the test table
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 LEVEL = 0.95

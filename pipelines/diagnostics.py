@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from offline_agent.evaluation import VAL
+from offline_agent.evaluation import TEST
 from offline_agent.training.grpo_config import GRPOConfig
 from pipelines.rounds import trained_policies
 from storage import EvalEpisodeRow, Store
@@ -197,12 +197,10 @@ def mask_line(finals: dict[str, dict]) -> dict:
 # ---- from a store ----------------------------------------------------------------------------
 def diagnose(store: Store) -> list[dict]:
     """Every line, from what `store` holds (test episodes only: validation ones left out)."""
-    val = {t.id for t in store.tasks(VAL)}
     runs: dict[str, list[EvalEpisodeRow]] = {}
-    for row in store.eval_episodes():
-        if row.task_id not in val:
-            name = row.policy + ("" if row.mode == "greedy" else f" +{row.mode}")
-            runs.setdefault(name, []).append(row)
+    for row in store.eval_episodes(split=TEST):
+        name = row.policy + ("" if row.mode == "greedy" else f" +{row.mode}")
+        runs.setdefault(name, []).append(row)
     runs_cfg = store.runs()
     grpo = (runs_cfg[-1]["config"].get("grpo", {}) if runs_cfg else {})
     tasks_per_step = grpo.get("tasks_per_step", GRPOConfig().tasks_per_step)

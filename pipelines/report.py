@@ -17,7 +17,7 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from offline_agent.evaluation import BASE, MODE, VAL, Episode, EvalConfig, compare, summarize
+from offline_agent.evaluation import BASE, MODE, TEST, Episode, EvalConfig, compare, summarize
 from offline_agent.search.concordance import concordance
 from pipelines.diagnostics import diagnose
 from pipelines.report_html import render
@@ -77,11 +77,9 @@ def policy_results(store: Store, cfg: EvalConfig) -> list[dict]:
 def test_episodes(store: Store) -> dict[tuple[str, str], list[Episode]]:
     """{(policy, mode): its episodes on the test tasks}: validation episodes (the train
     stage's checkpoint selection, on split "val") never enter the test table."""
-    val = {t.id for t in store.tasks(VAL)}
     runs: dict[tuple[str, str], list[Episode]] = {}
-    for row in store.eval_episodes():
-        if row.task_id not in val:
-            runs.setdefault((row.policy, row.mode), []).append(Episode.from_row(row))
+    for row in store.eval_episodes(split=TEST):
+        runs.setdefault((row.policy, row.mode), []).append(Episode.from_row(row))
     return runs
 
 
@@ -114,10 +112,8 @@ def checkpoint_selection(store: Store) -> dict[str, dict]:
 
 def episode_transcripts(store: Store) -> dict[str, dict]:
     """pipelines/transcripts.py's episodes, of the test tasks (validation ones left out)."""
-    tasks = store.tasks()
-    val = {t.id for t in tasks if t.split == VAL}
-    return transcripts([r for r in store.eval_episodes() if r.task_id not in val],
-                       {t.id: t.instruction for t in tasks})
+    return transcripts(store.eval_episodes(split=TEST),
+                       {t.id: t.instruction for t in store.tasks(TEST)})
 
 
 def stage_rows(store: Store) -> list[dict]:
