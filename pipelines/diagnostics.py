@@ -91,49 +91,76 @@ def _worst_line(check: str, label: str, rates: dict[str, tuple[int, int]], limit
                 k / n <= limit, k / n, detail)
 
 
+def _one(row: EvalEpisodeRow) -> int:
+    return 1
+
+
+def _steps(row: EvalEpisodeRow) -> int:
+    return len(row.steps)
+
+
+def _reward_zero(row: EvalEpisodeRow) -> int:
+    return int(row.reward == 0)
+
+
+def _loops(row: EvalEpisodeRow) -> int:
+    return int(longest_run([s["action"] for s in row.steps])[0] >= LOOP_RUN)
+
+
+def _unknown_tools(row: EvalEpisodeRow) -> int:
+    return sum(map(is_unknown_tool, row.steps))
+
+
+def _format_failures(row: EvalEpisodeRow) -> int:
+    return sum(map(is_format_failure, row.steps))
+
+
+def _invalid(row: EvalEpisodeRow) -> int:
+    return sum(bool(s.get("invalid")) for s in row.steps)
+
+
+# check, label, counted per episode, out of, threshold, unit
+EPISODE_CHECKS = (
+    ("reward_zero", "episodes ending with reward 0", _reward_zero, _one, MAX_REWARD_ZERO,
+     "episodes"),
+    ("step_limit", "episodes cut by the step limit", is_cut, _one, MAX_STEP_LIMIT, "episodes"),
+    ("loops", f"episodes repeating one action {LOOP_RUN}+ times in a row", _loops, _one,
+     MAX_LOOPS, "episodes"),
+    ("unknown_tool", "calls to tools that do not exist", _unknown_tools, _steps,
+     MAX_UNKNOWN_TOOL, "steps"),
+    ("format", "format failures (no tool call could be parsed)", _format_failures, _steps,
+     MAX_FORMAT, "steps"),
+    ("invalid", "invalid-action rate", _invalid, _steps, MAX_INVALID, "steps"),
+)
+
+
 def episode_lines(runs: dict[str, list[EvalEpisodeRow]]) -> list[dict]:
-    """Reward 0, step limit, loops, unknown tools, format failures, invalid actions."""
-    steps = lambda r: len(r.steps)  # noqa: E731
-    one = lambda r: 1  # noqa: E731
-    loops = lambda r: longest_run([s["action"] for s in r.steps])[0] >= LOOP_RUN  # noqa: E731
-    return [
-        _worst_line("reward_zero", "episodes ending with reward 0",
-                    _rates(runs, lambda r: r.reward == 0, one), MAX_REWARD_ZERO, "episodes"),
-        _worst_line("step_limit", "episodes cut by the step limit",
-                    _rates(runs, is_cut, one), MAX_STEP_LIMIT, "episodes"),
-        _worst_line("loops", f"episodes repeating one action {LOOP_RUN}+ times in a row",
-                    _rates(runs, loops, one), MAX_LOOPS, "episodes"),
-        _worst_line("unknown_tool", "calls to tools that do not exist",
-                    _rates(runs, lambda r: sum(map(is_unknown_tool, r.steps)), steps),
-                    MAX_UNKNOWN_TOOL, "steps"),
-        _worst_line("format", "format failures (no tool call could be parsed)",
-                    _rates(runs, lambda r: sum(map(is_format_failure, r.steps)), steps),
-                    MAX_FORMAT, "steps"),
-        _worst_line("invalid", "invalid-action rate",
-                    _rates(runs, lambda r: sum(bool(s.get("invalid")) for s in r.steps), steps),
-                    MAX_INVALID, "steps"),
-    ]
+    """EPISODE_CHECKS over each policy's test episodes."""
+    return [_worst_line(check, label, _rates(runs, count, size), limit, unit)
+            for check, label, count, size, limit, unit in EPISODE_CHECKS]
 
 
 def tool_line(runs: dict[str, list[EvalEpisodeRow]]) -> dict:
     """Each policy's valid calls by tool; the largest single-tool share decides the mark."""
-    label, threshold = "tool-call distribution (largest share of one tool)", \
-        f"<= {_pct(MAX_TOOL_SHARE)} of a policy's valid calls"
+    label = "tool-call distribution (largest share of one tool)"
+    threshold = f"<= {_pct(MAX_TOOL_SHARE)} of a policy's valid calls"
     counts = {p: Counter(s["tool_call"]["name"] for r in rows for s in r.steps
                          if s.get("tool_call") and not s.get("invalid"))
               for p, rows in runs.items()}
-    judged = {p: c for p, c in counts.items() if sum(c.values()) >= MIN_CALLS}
-    detail = "; ".join(f"{p}: " + ", ".join(f"{t} {_pct(n / sum(c.values()))}"
-                                          for t, n in c.most_common()) for p, c in counts.items()
-                       if c)
-    if not judged:
+    detail = "; ".join(f"{p}: {_distribution(c)}" for p, c in counts.items() if c)
+    share = {p: c.most_common(1)[0][1] / c.total() for p, c in counts.items()
+             if c.total() >= MIN_CALLS}
+    if not share:
         return line("tool_share", label, f"fewer than {MIN_CALLS} valid calls per policy",
                     threshold, None, detail=detail)
-    share = {p: c.most_common(1)[0][1] / sum(c.values()) for p, c in judged.items()}
     worst = max(share, key=share.get)
-    tool = judged[worst].most_common(1)[0][0]
+    tool = counts[worst].most_common(1)[0][0]
     return line("tool_share", label, f"{_pct(share[worst])} {tool} ({worst})", threshold,
                 share[worst] <= MAX_TOOL_SHARE, share[worst], detail)
+
+
+def _distribution(calls: Counter) -> str:
+    return ", ".join(f"{tool} {_pct(n / calls.total())}" for tool, n in calls.most_common())
 
 
 # ---- GRPO ---------------------------------------------------------------------------------
