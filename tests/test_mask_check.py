@@ -34,3 +34,16 @@ def test_a_mask_on_the_prompt_or_a_turn_not_trained_is_caught(tokenizer):
     assert agent_tokens(tokenizer, widened, turns) == 0
     # the earlier action in the prompt is an agent's, but not one this sequence trains on
     assert agent_tokens(tokenizer, chosen, ["search[power bank]"]) == 0
+
+
+def test_generated_ids_that_are_not_the_tokenizers_split_still_count(tokenizer):
+    """A turn trained on the ids the policy generated (one token per letter here) decodes to
+    its text, so all of it counts as the agent's."""
+    pair = step_pair(1)
+    text = pair["chosen"][0]["content"]
+    pair["chosen"][0]["token_ids"] = [i for ch in text
+                                      for i in tokenizer(ch, add_special_tokens=False).input_ids]
+    items = [list(encode_pair(tokenizer, pair))]
+    trained = sum(s.action_tokens for s in items[0])
+    assert items[0][0].action_tokens == len(pair["chosen"][0]["token_ids"]) + 1
+    assert count_agent_tokens(tokenizer, "dpo_step", [pair], items) == trained
