@@ -60,6 +60,14 @@ def comparison_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def diagnostics_text(lines: list[dict]) -> str:
+    """One line for stdout: how many judged checks are past their threshold, and which."""
+    bad = [d["check"] for d in lines if d["ok"] is False]
+    judged = sum(d["ok"] is not None for d in lines)
+    return (f"diagnostics: {len(bad)} of {judged} judged checks past their threshold"
+            + (f": {', '.join(bad)} (the report's Diagnostics section)" if bad else ""))
+
+
 # ---- paired tests: each policy vs base, and report.json's `comparisons` -------------------
 TEST_COLUMNS = ["policy", "against", "n", "success difference (paired) [95% CI]",
                 "wins", "losses", "McNemar p", "configs tried"]

@@ -12,6 +12,7 @@ from offline_agent.evaluation import EvalConfig
 from offline_agent.types import Task
 from pipelines.diagnostics import LOOP_RUN, diagnose, longest_run
 from pipelines.report import build_report, write_report
+from pipelines.report_table import diagnostics_text
 from storage import EvalEpisodeRow, MetricRow, Store
 from tests.test_report import chromium, needs_chromium
 
@@ -104,6 +105,8 @@ def test_a_broken_run_trips_each_line(tmp_path):
 def test_an_empty_run_judges_nothing(tmp_path):
     got = lines(tmp_path, bad=None)
     assert list(got) == CHECKS and all(d["ok"] is None for d in got.values())
+    assert diagnostics_text(list(got.values())) == ("diagnostics: 0 of 0 judged checks past "
+                                                    "their threshold")
     assert got["mask"]["figure"] == "no trained policy yet"
     assert got["grpo_kl"]["figure"] == "no GRPO steps in this run"
 
@@ -128,6 +131,8 @@ def test_the_section_on_the_page_and_in_report_json(tmp_path):
         fill(store, bad=True)
         report = build_report(store, EvalConfig(bootstrap=500))
     assert [d["check"] for d in report["diagnostics"]] == CHECKS
+    assert diagnostics_text(report["diagnostics"]).startswith(
+        "diagnostics: 12 of 12 judged checks past their threshold: reward_zero, step_limit, ")
     html = write_report(tmp_path, report).read_text()
     section = html[html.index("<h2>Diagnostics</h2>"):]
     assert section.count("class='mark bad'") == len(CHECKS)
