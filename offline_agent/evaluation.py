@@ -24,6 +24,8 @@ from storage.rows import EvalEpisodeRow
 
 MODE = "greedy"  # the one mode evaluation plays (greedy_episodes): eval_episodes.mode
 BASE = "base"  # the policy name of the untrained model, which every other is compared to
+TEST = "test"  # the split of the held-out tasks: the only one the report's tables read
+VAL = "val"  # the split of validation tasks (env.val_tasks): never in the test table
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 LEVEL = 0.95
 
@@ -35,11 +37,15 @@ class EvalConfig:
                               "and of paired differences", hashed=False)
     seed: int = _f(0, "seed of the bootstrap resampling (same seed, same intervals)",
                    hashed=False)
+    configs_tried: int = _f(1, "configurations tried to reach this one (e.g. on validation), "
+                               "shown beside every p-value", hashed=False)
 
     def __post_init__(self):
         if self.bootstrap < 100:
             raise ValueError("eval.bootstrap must be >= 100 (fewer resamples give noisy "
                              "interval ends)")
+        if self.configs_tried < 1:
+            raise ValueError("eval.configs_tried must be >= 1 (this run's config counts)")
 
 
 # ---- statistics (pure) -----------------------------------------------------------------------
@@ -87,6 +93,21 @@ def paired_difference(a: Sequence[float], b: Sequence[float], samples: int = 200
     if diff.size == 0:
         return float("nan"), None
     return float(diff.mean()), bootstrap_ci(diff, samples=samples, seed=seed)
+
+
+def mcnemar_exact(wins: int, losses: int) -> float:
+    """Two-sided exact McNemar test (a sign test on the discordant tasks): `wins` tasks only
+    the policy solved, `losses` only the other; under no difference each discordant task is a
+    fair coin, so p = P(Binomial(wins + losses, 1/2) at least as far from the middle), capped
+    at 1. Tasks both solved or both failed say nothing about the difference; none
+    discordant: 1.0."""
+    if wins < 0 or losses < 0:
+        raise ValueError(f"negative counts: {wins} wins, {losses} losses")
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(wins, losses) + 1))
+    return min(1.0, 2 * tail / 2 ** n)
 
 
 # ---- summaries ---------------------------------------------------------------------------------
@@ -153,7 +174,8 @@ def summarize(episodes: Sequence[Episode], cfg: EvalConfig) -> dict:
 
 def compare(policy: Sequence[Episode], base: Sequence[Episode], cfg: EvalConfig) -> dict:
     """Policy minus base on the tasks both ran: success rate and mean reward, each with a
-    paired bootstrap 95% interval."""
+    paired bootstrap 95% interval; the discordant tasks (wins: only the policy solved it,
+    losses: only base) and their exact McNemar p-value, with eval.configs_tried beside it."""
     mine = {e.task_id: e for e in policy}
     theirs = {e.task_id: e for e in base}
     common = sorted(mine.keys() & theirs.keys())
@@ -168,7 +190,16 @@ def compare(policy: Sequence[Episode], base: Sequence[Episode], cfg: EvalConfig)
         "ci95": _ci(success_ci),
         "mean_reward": round(reward, 4) if common else None,
         "mean_reward_ci95": _ci(reward_ci),
+        **discordance([mine[t].success for t in common], [theirs[t].success for t in common]),
+        "configs_tried": cfg.configs_tried,
     }
+
+
+def discordance(a: Sequence[bool], b: Sequence[bool]) -> dict:
+    """Wins (a solved, b not), losses (b solved, a not) over paired tasks, and McNemar's p."""
+    wins = sum(x and not y for x, y in zip(a, b))
+    losses = sum(y and not x for x, y in zip(a, b))
+    return {"wins": wins, "losses": losses, "mcnemar_p": mcnemar_exact(wins, losses)}
 
 
 # ---- running -----------------------------------------------------------------------------------

@@ -88,13 +88,15 @@ class EnvConfig:
     )
     train_tasks: int = _f(32, "tasks of the train split (searched, mined, trained on)")
     test_tasks: int = _f(16, "tasks of the test split (held out for evaluation)")
+    val_tasks: int = _f(0, "validation tasks (train.select: val): the env's train tasks after "
+                           "the first train_tasks, disjoint from train and test; 0: none")
 
     def __post_init__(self):
         if self.name not in BUILTIN_ENVS and ":" not in self.name:
             raise ConfigError(f"env.name must be one of {', '.join(BUILTIN_ENVS)} or "
                               f"'package.module:Class', got {self.name!r}")
-        if self.train_tasks < 0 or self.test_tasks < 0:
-            raise ConfigError("env.train_tasks and env.test_tasks must be >= 0")
+        if min(self.train_tasks, self.test_tasks, self.val_tasks) < 0:
+            raise ConfigError("env.train_tasks, env.test_tasks and env.val_tasks must be >= 0")
 
 
 @dataclass
@@ -109,6 +111,9 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self):
+        if self.train.select == "val" and self.env.val_tasks < 1:
+            raise ConfigError("train.select=val needs validation tasks: set env.val_tasks "
+                              "(e.g. 32)")
         g = self.grpo
         if g.enabled and g.init != "base" and g.init not in self.train.policies:
             raise ConfigError(f"grpo.init={g.init} is not in train.policies {self.train.policies}: "

@@ -17,11 +17,13 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from offline_agent.evaluation import BASE, MODE, Episode, EvalConfig, compare, summarize
+from offline_agent.evaluation import BASE, MODE, TEST, Episode, EvalConfig, compare, summarize
 from offline_agent.search.concordance import concordance
+from pipelines.diagnostics import diagnose
 from pipelines.report_html import render
 from pipelines.report_table import CONCORDANCE
 from pipelines.rounds import round_name, stored_rounds, trained_policies
+from pipelines.transcripts import transcripts
 from storage import Store
 
 
@@ -38,6 +40,7 @@ def build_report(store: Store, cfg: EvalConfig) -> dict:
         "generated_at": datetime.now().astimezone().isoformat(timespec="seconds"),
         "config": runs[-1]["config"] if runs else None,
         "policies": policy_results(store, cfg),
+        "comparisons": comparisons(store, cfg),
         "stages": stage_rows(store),
         CONCORDANCE: critic_concordance(store),
         "data": {
@@ -48,15 +51,16 @@ def build_report(store: Store, cfg: EvalConfig) -> dict:
         },
         "training": training_curves(store),
         "grpo": [{"step": r.step, **r.data} for r in store.metrics("grpo")],
+        "transcripts": episode_transcripts(store),
+        "diagnostics": diagnose(store),
+        "selection": checkpoint_selection(store),
     }
 
 
 def policy_results(store: Store, cfg: EvalConfig) -> list[dict]:
     """One entry per evaluated (policy, mode): base first, then trained policies in the
     order training finished them; each but base with its paired difference to base."""
-    runs: dict[tuple[str, str], list[Episode]] = {}
-    for row in store.eval_episodes():
-        runs.setdefault((row.policy, row.mode), []).append(Episode.from_row(row))
+    runs = test_episodes(store)
     rank = {name: i for i, name in enumerate([BASE, *trained_policies(store)])}
     order = sorted(runs, key=lambda k: (rank.get(k[0], len(rank)), k[0], k[1] != MODE, k[1]))
     base = runs.get((BASE, MODE))
@@ -68,6 +72,48 @@ def policy_results(store: Store, cfg: EvalConfig) -> list[dict]:
                                   if base and not is_base else None)
         out.append(entry)
     return out
+
+
+def test_episodes(store: Store) -> dict[tuple[str, str], list[Episode]]:
+    """{(policy, mode): its episodes on the test tasks}: validation episodes (the train
+    stage's checkpoint selection, on split "val") never enter the test table."""
+    runs: dict[tuple[str, str], list[Episode]] = {}
+    for row in store.eval_episodes(split=TEST):
+        runs.setdefault((row.policy, row.mode), []).append(Episode.from_row(row))
+    return runs
+
+
+# the paired tests beside "each policy vs base": the paper's central claim, step-level DPO
+# against outcome DPO (each round's, when both were trained)
+CLAIMS = (("dpo_step", "dpo_outcome"),)
+
+
+def comparisons(store: Store, cfg: EvalConfig) -> list[dict]:
+    """Each CLAIMS pair both of whose policies were evaluated (greedy, any round): the first
+    minus the second on the tasks both played, as `compare` gives it (paired intervals,
+    wins, losses, McNemar's p, eval.configs_tried)."""
+    runs = test_episodes(store)
+    out = []
+    for r in stored_rounds(lambda s: store.final_checkpoints(s), "train") or [1]:
+        for a, b in CLAIMS:
+            a, b = round_name(a, r), round_name(b, r)
+            if (a, MODE) in runs and (b, MODE) in runs:
+                out.append({"policy": a, "against": b,
+                            **compare(runs[a, MODE], runs[b, MODE], cfg)})
+    return out
+
+
+def checkpoint_selection(store: Store) -> dict[str, dict]:
+    """{policy: which checkpoint train.select=val chose and why, with every candidate's
+    validation score} for each trained policy selected that way (pipelines/stages/select.py)."""
+    return {name: final["selected"] for name, final in trained_policies(store).items()
+            if "selected" in final}
+
+
+def episode_transcripts(store: Store) -> dict[str, dict]:
+    """pipelines/transcripts.py's episodes, of the test tasks (validation ones left out)."""
+    return transcripts(store.eval_episodes(split=TEST),
+                       {t.id: t.instruction for t in store.tasks(TEST)})
 
 
 def stage_rows(store: Store) -> list[dict]:

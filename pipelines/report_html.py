@@ -15,8 +15,10 @@ from pipelines.report_table import (
     COLUMNS,
     CONCORDANCE,
     CONCORDANCE_COLUMNS,
+    TEST_COLUMNS,
     comparison_cells,
     concordance_rows,
+    paired_test_rows,
 )
 
 STYLE = """
@@ -29,6 +31,13 @@ th, td { padding: 4px 10px; border-bottom: 1px solid #eee; text-align: left;
 th { background: #f5f5f5; white-space: nowrap; } .missing { color: #888; font-style: italic; }
 .note { color: #555; font-size: 13px; } svg { max-width: 100%; height: auto; }
 .grid { display: flex; flex-wrap: wrap; gap: 24px; }
+details { margin: 4px 0; } summary { cursor: pointer; }
+.episode { display: flex; gap: 16px; } .episode > div { flex: 1; min-width: 0; }
+.episode pre { white-space: pre-wrap; word-break: break-word; margin: 2px 0 6px;
+               background: #f7f7f7; padding: 4px 6px; font-size: 12px; }
+.invalid { color: #b00; }
+.mark { font-weight: bold; white-space: nowrap; } .ok { color: #1a7f37; } .bad { color: #c62828; }
+.na { color: #888; }
 """
 
 
@@ -38,8 +47,12 @@ def render(report: dict) -> str:
         f"<p class='note'>generated {escape(report['generated_at'])}; numbers from "
         "report.json next to this page</p>",
         "<h2>Policies on the held-out test tasks</h2>", _comparison(report["policies"]),
+        "<h2>Paired tests</h2>", _paired_tests(report),
+        "<h2>Diagnostics</h2>", _diagnostics(report.get("diagnostics", [])),
         "<h2>Success by policy</h2>", _success_chart(report["policies"]),
+        "<h2>What changed: episodes</h2>", _transcripts(report.get("transcripts", {})),
         "<h2>Training</h2>", _training(report["training"]),
+        "<h2>Checkpoint selection on validation</h2>", _selection(report.get("selection", {})),
         "<h2>Online GRPO</h2>", _grpo(report.get("grpo", [])),
         "<h2>Search</h2>", _search(report["stages"]),
         "<h2>Critic concordance</h2>", _concordance(report[CONCORDANCE]),
@@ -68,8 +81,93 @@ def _comparison(policies: list[dict]) -> str:
         return _missing("No evaluation episodes yet (the eval stage has not run).")
     note = ("<p class='note'>success: Wilson 95% interval; mean reward: bootstrap 95% interval "
             "over tasks; vs base: mean per-task difference on the tasks both policies played, "
-            "paired bootstrap 95% interval (it excludes 0 when the difference is clear).</p>")
+            "paired bootstrap 95% interval (it excludes 0 when the difference is clear). "
+            "McNemar p (wins:losses, configurations tried): the paired tests below.</p>")
     return _table(COLUMNS, [comparison_cells(e) for e in policies]) + note
+
+
+def _paired_tests(report: dict) -> str:
+    rows = paired_test_rows(report)
+    if not rows:
+        return _missing("No two evaluated policies to compare yet.")
+    note = ("<p class='note'>on the test tasks both policies played. wins: tasks only the "
+            "policy solved; losses: tasks only the other one did. McNemar p: exact two-sided "
+            "sign test on those discordant tasks (the others carry no information on the "
+            "difference). configs tried: eval.configs_tried, the configurations tried to reach "
+            "this one (it included); with k tried, read each p-value against k (e.g. "
+            "Bonferroni: p &times; k).</p>")
+    return _table(TEST_COLUMNS, rows) + note
+
+
+def _selection(by_policy: dict[str, dict]) -> str:
+    """Each policy's candidates on the validation tasks, the chosen one marked, and why."""
+    if not by_policy:
+        return _missing("train.select is last: each policy's final adapter is its last step's.")
+    rows = [[policy, c["step"], "chosen" if c["step"] == sel["step"] else "",
+             f"{100 * (c['success_rate'] or 0):.1f}%", _fmt(c["mean_reward"]), c["n_tasks"]]
+            for policy, sel in by_policy.items() for c in sel["candidates"]]
+    why = "".join(f"<li>{escape(p)}: {escape(sel['why'])}</li>" for p, sel in by_policy.items())
+    return (_table(["policy", "step", "", "validation success", "mean reward", "n"], rows)
+            + f"<ul class='note'>{why}</ul>")
+
+
+MARKS = {True: ("ok", "&#9679; ok"), False: ("bad", "&#9679; check"), None: ("na", "&#9675; n/a")}
+
+
+def _diagnostics(lines: list[dict]) -> str:
+    """pipelines/diagnostics.py's lines: mark, check, figure, threshold, every policy."""
+    if not lines:
+        return _missing("No diagnostics (a report written before they existed).")
+    head = "".join(f"<th>{h}</th>" for h in ("", "check", "figure", "threshold", "by policy"))
+    rows = "".join(
+        f"<tr><td class='mark {MARKS[d['ok']][0]}'>{MARKS[d['ok']][1]}</td>"
+        f"<td>{escape(d['label'])}</td><td>{escape(d['figure'])}</td>"
+        f"<td>{escape(d['threshold'])}</td><td class='note'>{escape(d['detail'])}</td></tr>"
+        for d in lines)
+    bad = sum(d["ok"] is False for d in lines)
+    note = (f"<p class='note'>{bad} of {len(lines)} checks past their threshold (red); "
+            "n/a: nothing to judge yet. Thresholds are rules of thumb: a red line says where "
+            "to look (docs/evaluation.md).</p>")
+    return f"<table><tr>{head}</tr>{rows}</table>{note}"
+
+
+SIDES = (("wins", "solved where base failed"), ("losses", "failed where base solved"))
+
+
+def _transcripts(by_policy: dict[str, dict]) -> str:
+    """Per trained policy and side, a few tasks, each with both episodes side by side."""
+    if not by_policy:
+        return _missing("No trained policy evaluated beside base yet.")
+    parts = []
+    for policy, sides in by_policy.items():
+        for side, label in SIDES:
+            shown = "".join(_task(policy, t) for t in sides[side])
+            count = f"{len(sides[side])} of {sides[f'n_{side}']} shown"
+            parts.append(f"<details><summary><b>{escape(policy)}</b> {label} ({count})"
+                         f"</summary>{shown or _missing('none')}</details>")
+    note = ("<p class='note'>test tasks in task order; each step: the action the policy "
+            "wrote, the observation it got back (long pages cut), the step's reward.</p>")
+    return "".join(parts) + note
+
+
+def _task(policy: str, t: dict) -> str:
+    columns = "".join(f"<div>{_episode(name, t[key])}</div>"
+                      for name, key in ((policy, "policy"), ("base", "base")))
+    return (f"<details><summary>{escape(t['task_id'])}: {escape(t['instruction'])}</summary>"
+            f"<div class='episode'>{columns}</div></details>")
+
+
+def _episode(name: str, e: dict) -> str:
+    head = (f"<p><b>{escape(name)}</b>: reward {e['reward']:.3g}, "
+            f"{'solved' if e['success'] else 'not solved'}, {len(e['steps'])} steps</p>")
+    return head + "".join(_step(i, s) for i, s in enumerate(e["steps"], 1))
+
+
+def _step(i: int, s: dict) -> str:
+    mark = " class='invalid'" if s["invalid"] else ""
+    flag = ", invalid" if s["invalid"] else ""
+    return (f"<p{mark}>step {i} (reward {s['reward']:.3g}{flag})</p>"
+            f"<pre>&gt; {escape(s['action'])}</pre><pre>{escape(s['observation'])}</pre>")
 
 
 def _svg(fig) -> str:

@@ -30,6 +30,7 @@ def comparison_cells(entry: dict) -> list[str]:
         entry["policy"], entry["mode"], str(entry["n_tasks"]),
         _pct(entry["success_rate"], entry["ci95"]),
         _pct(d.get("success_rate"), d.get("ci95"), signed=True) if d else "-",
+        _p(d),
         _num(entry["mean_reward"], entry["mean_reward_ci95"]),
         _num(d.get("mean_reward"), d.get("mean_reward_ci95"), signed=True) if d else "-",
         _pct(entry["invalid_rate"], None),
@@ -37,8 +38,15 @@ def comparison_cells(entry: dict) -> list[str]:
     ]
 
 
+def _p(d: dict) -> str:
+    """McNemar's p with the discordant tasks (wins:losses) and the configurations tried."""
+    if not d or d.get("mcnemar_p") is None:
+        return "-"
+    return f"{d['mcnemar_p']:.3g} ({d['wins']}:{d['losses']}, {d['configs_tried']} tried)"
+
+
 COLUMNS = ["policy", "mode", "n", "success [95% CI]", "vs base (paired)",
-           "mean reward [95% CI]", "vs base (paired)", "invalid", "steps"]
+           "McNemar p", "mean reward [95% CI]", "vs base (paired)", "invalid", "steps"]
 
 
 def comparison_table(report: dict) -> str:
@@ -50,6 +58,29 @@ def comparison_table(report: dict) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def diagnostics_text(lines: list[dict]) -> str:
+    """One line for stdout: how many judged checks are past their threshold, and which."""
+    bad = [d["check"] for d in lines if d["ok"] is False]
+    judged = sum(d["ok"] is not None for d in lines)
+    return (f"diagnostics: {len(bad)} of {judged} judged checks past their threshold"
+            + (f": {', '.join(bad)} (the report's Diagnostics section)" if bad else ""))
+
+
+# ---- paired tests: each policy vs base, and report.json's `comparisons` -------------------
+TEST_COLUMNS = ["policy", "against", "n", "success difference (paired) [95% CI]",
+                "wins", "losses", "McNemar p", "configs tried"]
+
+
+def paired_test_rows(report: dict) -> list[list[str]]:
+    """One row per paired test: each policy against base, then the `comparisons`."""
+    tests = [(e["policy"] + ("" if e["mode"] == "greedy" else f" +{e['mode']}"), "base",
+              e["delta_vs_base"]) for e in report["policies"] if e["delta_vs_base"]]
+    tests += [(c["policy"], c["against"], c) for c in report.get("comparisons", [])]
+    return [[a, b, str(d["n_tasks"]), _pct(d["success_rate"], d["ci95"], signed=True),
+             str(d["wins"]), str(d["losses"]), f"{d['mcnemar_p']:.3g}",
+             str(d["configs_tried"])] for a, b, d in tests]
 
 
 # ---- critic concordance (offline_agent/search/concordance.py) -------------------------------

@@ -571,10 +571,15 @@ class Store:
         self._insert("eval_episodes", self._dicts(EvalEpisodeRow, rows), stage=stage)
 
     def eval_episodes(self, policy: str | None = None, mode: str | None = None,
-                      stage: str | None = None) -> list[EvalEpisodeRow]:
+                      stage: str | None = None, split: str | None = None
+                      ) -> list[EvalEpisodeRow]:
         """Evaluation episodes ordered by policy, mode and task (all when filters are None;
-        of one eval stage when `stage` is given)."""
+        of one eval stage when `stage` is given; of the tasks of one split, e.g. "test",
+        when `split` is given)."""
         clause, params = _where(policy=policy, mode=mode, stage=stage)
+        if split is not None:
+            clause += " AND task_id IN (SELECT task_id FROM tasks WHERE split = $split)"
+            params["split"] = split
         return self._read(EvalEpisodeRow, f"SELECT * FROM eval_episodes {clause} "
                           "ORDER BY policy, mode, task_id", params)
 

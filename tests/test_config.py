@@ -11,7 +11,7 @@ from pipelines.config import ConfigError, RunConfig, diff, help_lines, unhashed_
 
 # the keys pipelines/config.py's UNHASHED constant listed before they became field metadata
 OLD_UNHASHED = {"run.name", "run.iterations", "search.shard", "model.prefix_cache_gb",
-                "eval.bootstrap", "eval.seed"}
+                "eval.bootstrap", "eval.seed", "eval.configs_tried"}
 
 
 def write(tmp_path, text: str):

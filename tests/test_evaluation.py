@@ -15,6 +15,7 @@ from offline_agent.evaluation import (
     EvalConfig,
     bootstrap_ci,
     compare,
+    mcnemar_exact,
     paired_difference,
     rates,
     summarize,
@@ -35,6 +36,20 @@ def test_wilson_hand_values():
     assert wilson(0, 0) is None
     with pytest.raises(ValueError, match="3 successes out of 2"):
         wilson(3, 2)
+
+
+def test_mcnemar_exact_hand_values():
+    # two-sided: 2 * P(Binomial(n, 1/2) <= min(wins, losses)), n = wins + losses
+    assert mcnemar_exact(5, 0) == 2 / 32  # 2 * C(5,0) / 2^5
+    assert mcnemar_exact(0, 10) == 2 / 1024
+    assert mcnemar_exact(8, 2) == 2 * (1 + 10 + 45) / 1024  # 0.109375
+    assert mcnemar_exact(2, 9) == 2 * (1 + 11 + 55) / 2048  # 0.0654296875, symmetric in sides
+    assert mcnemar_exact(9, 2) == mcnemar_exact(2, 9)
+    assert mcnemar_exact(3, 3) == 1.0 and mcnemar_exact(1, 0) == 1.0  # capped at 1
+    assert mcnemar_exact(0, 0) == 1.0  # nothing discordant: no evidence either way
+    assert mcnemar_exact(600, 400) < 1e-9  # big n: exact integers, no overflow
+    with pytest.raises(ValueError, match="negative"):
+        mcnemar_exact(-1, 2)
 
 
 def test_intervals_cover_the_truth_about_95_percent_of_the_time():
@@ -105,6 +120,12 @@ def test_summarize_and_compare_on_hand_made_episodes():
     d = compare([ep("a", 1.0), ep("b", 1.0), ep("d", 0.0)], base, cfg)
     assert d["n_tasks"] == 2 and d["success_rate"] == 0.5 and d["mean_reward"] == 0.25
     assert d["ci95"] == [0.0, 1.0]
+    # b: only the policy solved it; a: both did; so one win, no loss
+    assert (d["wins"], d["losses"], d["mcnemar_p"]) == (1, 0, 1.0)
+    assert d["configs_tried"] == 1
+    tried = compare([ep(t, 0.0) for t in "abc"], base, EvalConfig(bootstrap=500,
+                                                                  configs_tried=7))
+    assert (tried["wins"], tried["losses"], tried["configs_tried"]) == (0, 1, 7)
     empty = summarize([], cfg)
     assert empty["n_tasks"] == 0 and empty["success_rate"] is None and empty["ci95"] is None
     assert compare([], base, cfg)["ci95"] is None
@@ -135,6 +156,10 @@ def test_eval_config_section():
     assert cfg.hash(["eval"]) == RunConfig().hash(["eval"])  # only shapes the report
     with pytest.raises(ConfigError, match="eval.bootstrap must be >= 100"):
         RunConfig.load(None, ["eval.bootstrap=10"])
+    assert RunConfig.load(None, ["eval.configs_tried=4"]).hash(["eval"]) == RunConfig().hash(
+        ["eval"])  # a count for the reader, not a setting of the episodes
+    with pytest.raises(ConfigError, match="configs_tried must be >= 1"):
+        RunConfig.load(None, ["eval.configs_tried=0"])
 
 
 # ---- the stage, for real ----------------------------------------------------------------------

@@ -106,6 +106,46 @@ def test_report_json_numbers(run_dir):
     assert report["stages"][1]["stats"]["nodes_per_s"] == 0.6
 
 
+def test_paired_tests_and_validation_episodes_kept_out_of_the_test_table(run_dir):
+    with Store(run_dir / "store.duckdb") as store:
+        store.insert_tasks([Task("v0", "minishop", "buy", "val")], "tasks")
+        store.insert_eval_episodes([EvalEpisodeRow(policy=p, mode="greedy", task_id="v0",
+                                                   steps=[step()], reward=1.0, success=True)
+                                    for p in ("base", "dpo_step/step-2")], "train")
+        store.set_checkpoint("train", "", "dpo_outcome/final", {"folder": "x", "step": 5})
+        store.insert_eval_episodes(episodes("dpo_outcome", set(range(0, N, 4)) | {2, 6}), "eval")
+        report = build_report(store, EvalConfig(bootstrap=500, configs_tried=3))
+    by = {p["policy"]: p for p in report["policies"]}
+    assert set(by) == {"base", "dpo_step", "rft", "dpo_outcome"}  # no validation candidate
+    assert by["base"]["n_tasks"] == N and by["base"]["success_rate"] == 0.25
+    # dpo_step solves the even tasks, base every fourth: 10 wins, no loss, p = 2 / 2^10
+    d = by["dpo_step"]["delta_vs_base"]
+    assert (d["wins"], d["losses"], d["mcnemar_p"], d["configs_tried"]) == (10, 0, 2 / 1024, 3)
+    (claim,) = report["comparisons"]  # step DPO against outcome DPO: 8 wins (2 and 6 tie)
+    assert (claim["policy"], claim["against"], claim["n_tasks"]) == ("dpo_step", "dpo_outcome", N)
+    assert (claim["wins"], claim["losses"], claim["mcnemar_p"]) == (8, 0, 2 / 256)
+    assert claim["success_rate"] == 0.2
+    table = comparison_table(report)
+    assert "0.00195 (10:0, 3 tried)" in table and "1 (1:0, 3 tried)" in table
+    html = write_report(run_dir, report).read_text()
+    assert "<td>dpo_outcome</td><td>40</td><td>+20.0% [" in html  # the paired-test row
+
+
+def test_the_checkpoint_selection_is_shown_with_its_reason(run_dir):
+    candidates = [{"step": s, "folder": f"c/{s}", "policy": f"rft/step-{s}", "n_tasks": 4,
+                   "success_rate": r, "mean_reward": 0.5} for s, r in ((2, 0.5), (4, 0.25))]
+    selected = {"by": "val", "step": 2, "last_step": 4, "why": "step 2 of 2 checkpoints: x",
+                "candidates": candidates}
+    with Store(run_dir / "store.duckdb") as store:
+        store.set_checkpoint("train", "", "rft/final", {"folder": "c/2", "step": 4,
+                                                        "selected": selected})
+        report = build_report(store, EvalConfig())
+    assert report["selection"] == {"rft": selected}
+    html = write_report(run_dir, report).read_text()
+    assert "<td>rft</td><td>2</td><td>chosen</td><td>50.0%</td>" in html
+    assert "<li>rft: step 2 of 2 checkpoints: x</li>" in html
+
+
 def test_report_files_and_table(run_dir):
     with Store(run_dir / "store.duckdb", read_only=True) as store:
         report = build_report(store, EvalConfig())

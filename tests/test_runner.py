@@ -57,6 +57,43 @@ def test_tasks_stage_stores_tasks_and_skips_on_rerun(tmp_path, capsys):
     assert progress["status"] == "finished" and progress["pid"] > 0
 
 
+def test_validation_tasks_follow_the_train_tasks_and_keep_the_others_numbers(tmp_path):
+    """env.val_tasks: the env's train tasks after the first train_tasks, stored as split
+    "val" after train and test, so train and test keep the ids and numbers of a run without."""
+    out = run(fake_cfg("env.val_tasks=2"), tmp_path / "v", TASKS_ONLY)
+    assert out["tasks"]["stats"] == {"env": "fake", "train": 3, "test": 2, "val": 2}
+    run(fake_cfg(), tmp_path / "plain", TASKS_ONLY)
+    with Store(tmp_path / "v" / "store.duckdb", read_only=True) as s, \
+            Store(tmp_path / "plain" / "store.duckdb", read_only=True) as plain:
+        assert [(t.id, t.split) for t in s.tasks("val")] == [("t-train-0-3", "val"),
+                                                             ("t-train-0-4", "val")]
+        assert s.tasks("train") == plain.tasks("train") and s.tasks("test") == plain.tasks("test")
+        index = s.task_index()
+        assert {k: index[k] for k in plain.task_index()} == plain.task_index()
+
+
+def test_a_task_id_in_two_splits_is_refused_naming_them():
+    from pipelines.stages.tasks import split_tasks
+    from tests.fakes import FakeEnv
+
+    class Overlapping(FakeEnv):
+        def tasks(self, split, n):  # test task i has train task i's id
+            return [Task(f"t{i}", self.name, "x", split) for i in range(n)]
+
+    with pytest.raises(ValueError, match=r"task id 't0' more than once \(train and test"):
+        split_tasks(Overlapping(), 2, 2, 0)
+    with pytest.raises(ValueError, match=r"'t0' more than once \(test and val tasks"):
+        split_tasks(Overlapping(), 0, 2, 2)
+
+    class Reshuffled(FakeEnv):
+        def tasks(self, split, n):  # the order depends on n
+            return [Task(f"{split}{(i + 1) % n}", self.name, "x", split) for i in range(n)]
+
+    with pytest.raises(ValueError, match=r"tasks\('train', 3\) does not start with"):
+        split_tasks(Reshuffled(), 2, 1, 1)
+    assert len(split_tasks(Reshuffled(), 2, 1, 0)["train"]) == 2  # no validation: no check
+
+
 def test_changed_config_is_refused_then_forced(tmp_path, capsys):
     run(fake_cfg(), tmp_path, TASKS_ONLY)
     changed = fake_cfg("env.train_tasks=4", "env.kwargs.prefix=u")

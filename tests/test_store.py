@@ -14,6 +14,7 @@ import pytest
 from offline_agent.types import Task
 from storage import (
     SCHEMA_VERSION,
+    EvalEpisodeRow,
     MergeConflict,
     NodeRow,
     NodeVisits,
@@ -345,3 +346,15 @@ def test_merge_refuses_collisions(tmp_path):
         s.start_stage("search", "0/2", "hash", {})
     with Store(tmp_path / "out2.duckdb") as s, pytest.raises(MergeConflict, match="configs"):
         merge_shards(s, [a, c])
+
+
+def test_eval_episodes_of_one_split(tmp_path):
+    """split= keeps the episodes of that split's tasks (the report reads test ones only)."""
+    with Store(tmp_path / "s.duckdb") as store:
+        store.insert_tasks([Task("a", "e", "x", "test"), Task("b", "e", "x", "val")], "tasks")
+        store.insert_eval_episodes([EvalEpisodeRow(policy="p", mode="greedy", task_id=t,
+                                                   steps=[], reward=0.0, success=False)
+                                    for t in ("a", "b")], "eval")
+        assert [r.task_id for r in store.eval_episodes(split="test")] == ["a"]
+        assert [r.task_id for r in store.eval_episodes(policy="p", split="val")] == ["b"]
+        assert len(store.eval_episodes()) == 2

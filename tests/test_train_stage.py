@@ -156,3 +156,91 @@ def test_a_later_rounds_card_names_the_public_base_and_the_adapters_merged_into_
     assert "`checkpoints/train/dpo_step/final`" in third.merged[1]
     assert "policy `rft@2`" in third.merged[2]
     assert "`checkpoints/train@2/rft/final`" in third.merged[2]
+
+
+def select_run(run_dir: Path, model_dir: str) -> RunConfig:
+    """A mined run with two validation tasks, and a config that trains dpo_step for 3 steps,
+    a checkpoint each step, and selects on validation."""
+    from dataclasses import replace as with_
+
+    from tests.fakes import ShortMiniShop
+
+    make_run(run_dir)
+    with Store(run_dir / "store.duckdb") as store:
+        store.insert_tasks([with_(t, split="val") for t in ShortMiniShop().tasks("train", 2)],
+                           "tasks")
+    settings = config(model_dir, policies=["dpo_step"], batch_size=2, max_steps=3,
+                      save_every=1, select="val")
+    settings["env"] = {"name": "tests.fakes:ShortMiniShop", "kwargs": {"max_steps": 2},
+                       "val_tasks": 2}
+    return RunConfig.from_dict(settings)
+
+
+def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_model_dir,
+                                                                        tmp_path, monkeypatch):
+    from pipelines.stages import eval as eval_stage
+
+    cfg = select_run(tmp_path / "r", tiny_model_dir)
+    real_play, played = eval_stage._play, []
+
+    def crash_on_the_second(ctx, model, adapter, tasks, on_done):
+        played.append(Path(adapter).name)
+        if len(played) == 2:
+            raise KeyboardInterrupt  # killed after step 1's episodes, before step 2's
+        real_play(ctx, model, adapter, tasks, on_done)
+
+    monkeypatch.setattr(eval_stage, "_play", crash_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, tmp_path / "r", TRAIN)
+    with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
+        assert "selected" not in store.checkpoint("train", "", "dpo_step/final")
+        assert {r.policy for r in store.eval_episodes()} == {"dpo_step/step-1"}
+    kept = sorted(p.name for p in (tmp_path / "r/checkpoints/train/dpo_step/candidates").iterdir())
+    assert kept == ["step-1", "step-2"]  # adapters only: no optimizer state
+    assert not (tmp_path / "r/checkpoints/train/dpo_step/candidates/step-1/trainer_state.pt"
+                ).exists()
+
+    played.clear()
+    monkeypatch.setattr(eval_stage, "_play", lambda *a: (played.append(Path(a[2]).name),
+                                                         real_play(*a)))
+    monkeypatch.setattr("offline_agent.training.fit.fit_policy",
+                        lambda *a, **k: pytest.fail("trained again"))
+    stats = run(cfg, tmp_path / "r", TRAIN)["train"]["stats"]["dpo_step"]
+    assert played == ["step-2", "final"]  # step 1's episodes were kept, training too
+    chosen = stats["selected"]
+    assert [c["step"] for c in chosen["candidates"]] == [1, 2, 3]
+    assert all(c["n_tasks"] == 2 for c in chosen["candidates"])
+    best = max(chosen["candidates"], key=lambda c: (c["success_rate"], c["mean_reward"],
+                                                    c["step"]))
+    assert chosen["step"] == best["step"] and stats["folder"] == best["folder"]
+    assert f"step {best['step']} of 3 checkpoints" in chosen["why"]
+    assert (tmp_path / "r" / stats["folder"] / "adapter_config.json").is_file()
+    with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
+        assert store.checkpoint("train", "", "dpo_step/final") == stats
+        assert len(store.eval_episodes(stage="train")) == 6  # 3 candidates x 2 tasks
+
+
+def test_select_val_needs_validation_tasks():
+    from pipelines.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.select=val needs validation tasks"):
+        RunConfig.from_dict({"train": {"select": "val"}})
+    with pytest.raises(ConfigError, match="train.select must be one of last, val"):
+        RunConfig.from_dict({"train": {"select": "best"}})
+
+
+def test_choose_prefers_success_then_reward_then_the_later_step():
+    from pipelines.stages.select import choose, reason
+
+    def score(step, success, reward):
+        return {"step": step, "success_rate": success, "mean_reward": reward, "n_tasks": 8}
+
+    scores = [score(2, 0.25, 0.5), score(4, 0.5, 0.4), score(6, 0.25, 0.9)]
+    assert choose(scores)["step"] == 4
+    assert reason(choose(scores), scores) == ("step 4 of 3 checkpoints: highest validation "
+                                              "success (50.0% of 8 tasks, mean reward 0.400)")
+    tied = [score(2, 0.5, 0.6), score(4, 0.5, 0.4)]
+    assert choose(tied)["step"] == 2
+    assert "mean reward broke the tie" in reason(choose(tied), tied)
+    same = [score(2, 0.5, 0.4), score(4, 0.5, 0.4)]
+    assert choose(same)["step"] == 4 and "the later step" in reason(choose(same), same)

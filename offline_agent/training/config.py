@@ -45,6 +45,8 @@ class TrainConfig:
                             "float32 or bfloat16 (on CPU opt-in: it changes the losses)")
     save_every: int = _f(10, "checkpoint (adapter, optimizer, scheduler, data order, RNG) every "
                              "this many steps; the final adapter is always saved")
+    select: str = _f("last", "a policy's final adapter: last (its last step's) or val (the "
+                             "checkpoint best on the validation tasks; changes what eval plays)")
     seed: int = _f(0, "seed of data order, pair sampling, LoRA init and dropout")
     report_to: str = _f("none", "none, or tensorboard: also log metrics under "
                                 "RUN_DIR/checkpoints/train/<policy>/tb")
@@ -62,7 +64,8 @@ class TrainConfig:
             raise ValueError(f"train.policies lists a policy twice: {self.policies}")
         checks = {"loss": (self.loss, LOSSES), "quantization": (self.quantization, ("none", "4bit")),
                   "dtype": (self.dtype, ("auto", "float32", "bfloat16")),
-                  "report_to": (self.report_to, ("none", "tensorboard"))}
+                  "report_to": (self.report_to, ("none", "tensorboard")),
+                  "select": (self.select, ("last", "val"))}
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"train.{name} must be one of {', '.join(allowed)}, got {value!r}")

@@ -12,6 +12,7 @@ from .card import Provenance, publish
 from .config import TrainConfig
 from .dpo import DPOObjective, load_or_compute_reference
 from .logprobs import encode_example, encode_pair
+from .mask_check import count_agent_tokens
 from .model import add_lora, load_base, write_merged
 from .rft import RFTObjective
 from .trainer import train
@@ -50,7 +51,8 @@ def fit_policy(policy: str, rows: list[dict], model_id: str, cfg: TrainConfig, f
     metrics = train(model, objective, cfg, folder, accelerator, resume=resume,
                     on_metrics=on_metrics, on_checkpoint=on_checkpoint)
     out = {**metrics, "items": len(items),
-           "action_tokens": sum(s.action_tokens for seqs in items for s in seqs)}
+           "action_tokens": sum(s.action_tokens for seqs in items for s in seqs),
+           "agent_tokens": count_agent_tokens(tokenizer, policy, rows, items)}
     if accelerator.is_main_process:
         provenance = provenance or Provenance(public_id(model_id), [adapter] if adapter else [],
                                               copy_note(model_id))

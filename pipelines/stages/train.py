@@ -4,7 +4,8 @@ Per policy: a finished one (checkpoint key "<policy>/final" in the store) is ski
 interrupted one resumes from the step checkpoint the store records under "<policy>". Every
 optimizer step's metrics land in the store's metrics table (series = policy) as it ends.
 Round k's train stage (train@k) trains on mine@k's data, on top of round k's model
-(pipelines/rounds.py).
+(pipelines/rounds.py). With train.select: val, each policy's final adapter is then its best
+checkpoint on the validation tasks (pipelines/stages/select.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from offline_agent.training.card import Provenance
 from pipelines.config import RunConfig
 from pipelines.rounds import ITERATE, round_model, round_name
 from pipelines.runner import StageContext
+from pipelines.stages.select import keep_candidate, select_checkpoint
 from storage import MetricRow, Store
 
 # policy -> the pair kinds it trains on (rft trains on examples instead)
@@ -54,6 +56,8 @@ def run_train(ctx: StageContext) -> dict:
                 continue
             ctx.progress.update(policy=policy)
             final = _train_policy(ctx, policy, rows)
+        if cfg.train.select == "val" and "selected" not in final:
+            final = select_checkpoint(ctx, policy, final)
         stats[policy] = final
     with store.transaction():
         ctx.mark_done(stats)
@@ -75,6 +79,8 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
             writer.add_scalar(f"{policy}/{name}", value, step)
 
     def on_checkpoint(step: int, path: Path) -> None:
+        if cfg.train.select == "val":  # kept before the store points past it
+            keep_candidate(folder, step, path)
         store.set_checkpoint(ctx.stage, ctx.shard, policy,
                              {"step": step, "folder": _in_run(ctx, path)})
 
@@ -87,7 +93,8 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
     if writer:
         writer.close()
     final = {"folder": _in_run(ctx, folder / "final"), "step": metrics["step"],
-             "items": metrics["items"], "loss": round(metrics["loss"], 4)}
+             "items": metrics["items"], "loss": round(metrics["loss"], 4),
+             "trained_tokens": metrics["action_tokens"], "agent_tokens": metrics["agent_tokens"]}
     store.set_checkpoint(ctx.stage, ctx.shard, f"{policy}/final", final)
     return final
 
