@@ -120,17 +120,20 @@ class Episode:
     success: bool
     steps: int
     invalid: int
+    actions: tuple[str, ...] = ()  # what the policy wrote, step by step
 
     @classmethod
     def from_row(cls, row: EvalEpisodeRow) -> Episode:
         """From a stored eval_episodes row (steps as step dicts)."""
         return cls(row.task_id, float(row.reward), bool(row.success),
-                   len(row.steps), sum(bool(s["invalid"]) for s in row.steps))
+                   len(row.steps), sum(bool(s["invalid"]) for s in row.steps),
+                   tuple(s["action"] for s in row.steps))
 
     @classmethod
     def from_trajectory(cls, trajectory: Trajectory) -> Episode:
         return cls(trajectory.task_id, float(trajectory.reward), trajectory.success,
-                   len(trajectory.steps), sum(s.invalid for s in trajectory.steps))
+                   len(trajectory.steps), sum(s.invalid for s in trajectory.steps),
+                   tuple(s.action for s in trajectory.steps))
 
 
 def _ci(interval: tuple[float, float] | None) -> list[float] | None:
@@ -192,7 +195,21 @@ def compare(policy: Sequence[Episode], base: Sequence[Episode], cfg: EvalConfig)
         "mean_reward_ci95": _ci(reward_ci),
         **discordance([mine[t].success for t in common], [theirs[t].success for t in common]),
         "configs_tried": cfg.configs_tried,
+        **changed_episodes([mine[t].actions for t in common], [theirs[t].actions for t in common]),
     }
+
+
+def changed_episodes(a: Sequence[tuple[str, ...]], b: Sequence[tuple[str, ...]]) -> dict:
+    """The tasks whose greedy episode differs from base's in any action, with a Wilson interval.
+
+    Success moves only when a changed action changes the outcome; on a few tasks and a few
+    optimizer steps this says whether training changed the agent's behaviour at all. Greedy
+    play in a deterministic env takes both to the same states up to the first difference, so
+    each changed episode is one state where the two policies choose differently."""
+    changed = sum(x != y for x, y in zip(a, b))
+    n = len(a)
+    return {"changed": changed, "changed_rate": round(changed / n, 4) if n else None,
+            "changed_ci95": _ci(wilson(changed, n))}
 
 
 def discordance(a: Sequence[bool], b: Sequence[bool]) -> dict:

@@ -82,7 +82,10 @@ def _comparison(policies: list[dict]) -> str:
     note = ("<p class='note'>success: Wilson 95% interval; mean reward: bootstrap 95% interval "
             "over tasks; vs base: mean per-task difference on the tasks both policies played, "
             "paired bootstrap 95% interval (it excludes 0 when the difference is clear). "
-            "McNemar p (wins:losses, configurations tried): the paired tests below.</p>")
+            "McNemar p (wins:losses, configurations tried): the paired tests below. "
+            "changed vs base: the tasks where the policy's greedy actions differ from base's "
+            "in any step (Wilson 95% interval), which moves before success does: on a handful "
+            "of test tasks, success shows the pipeline working, not a result.</p>")
     return _table(COLUMNS, [comparison_cells(e) for e in policies]) + note
 
 

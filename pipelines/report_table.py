@@ -33,9 +33,18 @@ def comparison_cells(entry: dict) -> list[str]:
         _p(d),
         _num(entry["mean_reward"], entry["mean_reward_ci95"]),
         _num(d.get("mean_reward"), d.get("mean_reward_ci95"), signed=True) if d else "-",
+        _changed(d),
         _pct(entry["invalid_rate"], None),
         _num(entry["mean_steps"], None),
     ]
+
+
+def _changed(d: dict) -> str:
+    """Episodes whose actions differ from base's: changed/n [95% CI]."""
+    if not d or d.get("changed_rate") is None:
+        return "-"
+    lo, hi = d["changed_ci95"]
+    return f"{d['changed']}/{d['n_tasks']} [{lo * 100:.0f}, {hi * 100:.0f}%]"
 
 
 def _p(d: dict) -> str:
@@ -46,7 +55,8 @@ def _p(d: dict) -> str:
 
 
 COLUMNS = ["policy", "mode", "n", "success [95% CI]", "vs base (paired)",
-           "McNemar p", "mean reward [95% CI]", "vs base (paired)", "invalid", "steps"]
+           "McNemar p", "mean reward [95% CI]", "vs base (paired)", "changed vs base",
+           "invalid", "steps"]
 
 
 def comparison_table(report: dict) -> str:

@@ -133,14 +133,31 @@ def test_summarize_and_compare_on_hand_made_episodes():
 
 def test_episode_from_a_stored_row():
     row = EvalEpisodeRow(policy="base", mode="greedy", task_id="t", reward=0.75, success=False,
-                         steps=[{"invalid": True}, {"invalid": False}, {"invalid": False}])
-    assert Episode.from_row(row) == Episode("t", 0.75, False, 3, 1)
+                         steps=[{"action": a, "invalid": bad} for a, bad in
+                                [("x", True), ("y", False), ("z", False)]])
+    assert Episode.from_row(row) == Episode("t", 0.75, False, 3, 1, ("x", "y", "z"))
+
+
+def test_changed_episodes_count_tasks_whose_actions_differ_from_base():
+    """Same success, other actions: the change shows here before it shows in success."""
+    cfg = EvalConfig(bootstrap=200)
+    base = [Episode("a", 0.0, False, 2, 0, ("search[x]", "buy")),
+            Episode("b", 0.0, False, 1, 0, ("buy",)), Episode("c", 1.0, True, 1, 0, ("done",))]
+    same = compare(base, base, cfg)
+    assert (same["changed"], same["changed_rate"], same["success_rate"]) == (0, 0.0, 0.0)
+    other = [Episode("a", 0.0, False, 2, 0, ("search[y]", "buy")), base[1],
+             Episode("c", 1.0, True, 2, 0, ("done", "done"))]
+    moved = compare(other, base, cfg)
+    assert (moved["changed"], moved["changed_rate"], moved["success_rate"]) == (2, 0.6667, 0.0)
+    low, high = moved["changed_ci95"]
+    assert 0 < low < 0.6667 < high < 1
+    assert compare([], base, cfg)["changed_rate"] is None
 
 
 def test_episode_from_a_trajectory_and_the_rates_the_summary_shares():
     steps = [Step("x", "y", invalid=True), Step("x", "y"), Step("x", "y", done=True)]
     played = Trajectory("t", "math", "do it", "", steps, reward=1.0)
-    assert Episode.from_trajectory(played) == Episode("t", 1.0, True, 3, 1)
+    assert Episode.from_trajectory(played) == Episode("t", 1.0, True, 3, 1, ("x", "x", "x"))
     base = [ep("a", 1.0, 2, 1), ep("b", 0.5, 6), ep("c", 0.0, 4, 2)]
     assert rates(base) == {"n_tasks": 3, "success_rate": round(1 / 3, 4), "mean_reward": 0.5,
                            "invalid_rate": 0.25, "mean_steps": 4.0}
