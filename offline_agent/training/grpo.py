@@ -210,9 +210,8 @@ def masked_logprobs(logits: torch.Tensor, allowed: torch.Tensor, tokens: torch.T
     if not bool(allowed.gather(-1, picked).all()):
         raise ValueError("a token outside its allowed set: the grammar mask does not match "
                          "the tokens sampled under it")
-    masked = logits.float().masked_fill(~allowed, float("-inf"))
-    norm = masked.logsumexp(-1)
+    logp = logits.float().masked_fill(~allowed, float("-inf")).log_softmax(-1)
     if merged is None:
-        return masked.gather(-1, picked).squeeze(-1) - norm
+        return logp.gather(-1, picked).squeeze(-1)
     drawn = (merged & allowed).scatter(-1, picked, True)
-    return masked.masked_fill(~drawn, float("-inf")).logsumexp(-1) - norm
+    return logp.masked_fill(~drawn, float("-inf")).logsumexp(-1)
