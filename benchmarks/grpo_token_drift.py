@@ -4,7 +4,7 @@ A real `train_grpo` run on MiniShop (multi-turn episodes, the policy the model b
 trained; the embedded SmolLM2-135M, or `--tiny` for a 2-layer random Llama on its tokenizer)
 with the hf decoder recording, for every row it decodes, the prompt ids it was fed and the
 ids it generated. Each step's trained sequences (grpo_update's Batch, one per turn: context +
-action, masked on the action) are compared with those, turn by turn: mismatched context
+action, masked on the action, as make_batch builds them) are compared with those, turn by turn: mismatched context
 tokens and mismatched action tokens (position by position, a length difference counting as
 mismatches). Target 0 and 0 (issue 22, Deliver 3).
 
@@ -29,7 +29,7 @@ from offline_agent.chat import encode_prompt_completion, mask_runs
 from offline_agent.envs.base import load_env
 from offline_agent.mining.build import Context, episode_messages
 from offline_agent.policy.hf import HFPolicy
-from offline_agent.training.logprobs import Encoded
+from offline_agent.training.logprobs import Encoded, messages
 from offline_agent.types import Message
 
 
@@ -76,6 +76,7 @@ def reencoded(rollout, fed, ctx: Context, tok, tasks: dict, counts: Counter) -> 
     traj = rollout.trajectory
     prompt, rest = episode_messages(ctx, tasks[traj.task_id].instruction,
                                     traj.first_observation, traj.steps)
+    prompt, rest = messages(prompt), messages(rest)
     for key, completion in (("re-encoded", rest),
                             ("re-encoded, text only", [Message(m.role, m.content) for m in rest])):
         ids, mask = encode_prompt_completion(tok, prompt, completion)
@@ -87,24 +88,22 @@ def reencoded(rollout, fed, ctx: Context, tok, tasks: dict, counts: Counter) -> 
 
 
 def instrument(policy: Recording, ctx: Context, tok, tasks: dict, counts: Counter) -> None:
-    """Wrap the GRPO loop's sample_groups (to keep each rollout's rows) and make_batch (to
-    compare the batch it builds with them)."""
-    sample, make_batch = grpo_train.sample_groups, grpo_train.make_batch
-    fed_of: dict[int, list] = {}
+    """Wrap the GRPO loop's sample_groups: each call's rollouts, as make_batch turns them
+    into training sequences (all of them: a group that ties is dropped from the update, and
+    one of a random model always ties), against the rows the decoder was fed and drew."""
+    import torch
 
-    def sample_and_keep(*a, **k):
+    sample = grpo_train.sample_groups
+
+    def sample_and_compare(*a, **k):
         policy.rows.clear()
         out = sample(*a, **k)
-        for i, r in enumerate(out):
-            fed_of[id(r)] = policy.rows.pop(i, [])
+        fed_of = {id(r): policy.rows.pop(i, []) for i, r in enumerate(out)}
+        batch = grpo_train.make_batch(out, [torch.zeros(len(r.turns)) for r in out])
+        compare(out, fed_of, batch, ctx, tok, tasks, counts)
         return out
 
-    def make_and_compare(rollouts, advantages):
-        batch = make_batch(rollouts, advantages)
-        compare(rollouts, fed_of, batch, ctx, tok, tasks, counts)
-        return batch
-
-    grpo_train.sample_groups, grpo_train.make_batch = sample_and_keep, make_and_compare
+    grpo_train.sample_groups = sample_and_compare
 
 
 def main() -> None:
@@ -144,7 +143,7 @@ def main() -> None:
                               max_tokens=env.max_action_tokens * env.max_steps)
     print(f"{'tiny random Llama' if args.tiny else 'embedded SmolLM2-135M'}, MiniShop, "
           f"{args.steps} GRPO steps x {args.tasks_per_step} tasks x G={args.group_size}, "
-          f"max_steps {args.max_steps}: {counts['turns']} turns trained ({counts['context tokens']} "
+          f"max_steps {args.max_steps}: {counts['turns']} turns sampled ({counts['context tokens']} "
           f"context, {counts['action tokens']} action tokens sampled)")
     for k, v in counts.items():
         print(f"  {k}: {v}")
