@@ -22,7 +22,7 @@ from offline_agent.training.grpo_train import train_grpo
 from offline_agent.training.grpo_update import _chunks, make_batch
 from offline_agent.training.logprobs import token_logps
 from offline_agent.training.model import add_lora
-from tests.pick_env import Pick, biased_tiny_model
+from tests.pick_env import PickLong, biased_tiny_model
 
 pytest.importorskip("xgrammar", reason="constrained decoding needs xgrammar (make install)")
 
@@ -109,12 +109,6 @@ def test_replay_through_redirected_ends(tiny_model_dir, env_name, monkeypatch):
     assert _check_replay(policy, load_env(env_name), range(4), monkeypatch) > 0
 
 
-class PickLong(Pick):
-    """Pick with room for the grammar: a constrained call needs its name's characters."""
-
-    max_action_tokens = 8
-
-
 def _constrained_setup(tokenizer):
     model = add_lora(biased_tiny_model(tokenizer), TrainConfig(lora_r=8, seed=0))
     return model, HFPolicy(model, tokenizer, max_batch=32, seed=0, constrain="tools")
@@ -154,3 +148,28 @@ def test_constrained_grpo_step_has_ratio_one_and_a_finite_loss(tokenizer, tmp_pa
         assert m["ratio"] == pytest.approx(1.0, abs=1e-6) and math.isfinite(m["loss"])
         assert math.isfinite(m["entropy"])
 
+
+
+def test_the_stage_runs_grpo_under_the_grammar(tokenizer, tmp_path):
+    """model.constrain: tools through the stage: the rollout policy decodes under the grammar
+    and the update renormalises over the replayed masks (ratio 1 at the first update)."""
+    from pipelines.config import RunConfig
+    from pipelines.runner import run
+    from pipelines.stages import STAGES
+    from storage import Store
+
+    model_dir = tmp_path / "model"
+    biased_tiny_model(tokenizer).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    cfg = RunConfig.from_dict({
+        "model": {"id": str(model_dir), "device": "cpu", "max_batch": 16, "constrain": "tools"},
+        "env": {"name": "tests.pick_env:PickLong", "train_tasks": 8, "test_tasks": 2},
+        "train": {"lora_r": 8},
+        "grpo": {"enabled": True, "init": "base", "steps": 2, "group_size": 4,
+                 "tasks_per_step": 2, "lr": 1e-3, "save_every": 1000}})
+    run(cfg, tmp_path / "r", [s for s in STAGES if s.name in ("tasks", "grpo")])
+    with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
+        data = [r.data for r in store.metrics("grpo", "grpo")]
+    assert len(data) == 2 and any("ratio" in d for d in data)
+    for d in data:
+        assert "ratio" not in d or d["ratio"] == pytest.approx(1.0, abs=1e-6)
