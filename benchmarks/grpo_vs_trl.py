@@ -175,12 +175,26 @@ def timed_trainer():
     return Timed
 
 
+def trl_config(args, out: str, max_tokens: int, cuda: bool):
+    """trl.GRPOConfig with our GRPOConfig's loss settings and the same batch."""
+    from trl import GRPOConfig
+
+    ours = grpo_config(args)
+    return GRPOConfig(
+        output_dir=out, per_device_train_batch_size=args.prompts_per_step * args.group_size,
+        num_generations=args.group_size, max_completion_length=max_tokens,
+        temperature=1.0, learning_rate=ours.lr, beta=ours.beta, epsilon=ours.epsilon,
+        epsilon_high=ours.epsilon_high, loss_type=ours.loss_type,
+        scale_rewards=ours.scale_rewards, num_iterations=ours.num_iterations,
+        max_steps=args.steps, shuffle_dataset=False, report_to="none", save_strategy="no",
+        logging_steps=1, use_cpu=not cuda, bf16=cuda, dataloader_num_workers=0, seed=0)
+
+
 def run_trl(args, tasks, prompts, max_tokens: int) -> None:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig
 
     from offline_agent.policy.models import resolve_model
     from offline_agent.training.config import TrainConfig
@@ -211,16 +225,8 @@ def run_trl(args, tasks, prompts, max_tokens: int) -> None:
             step_done(state.global_step, seconds=time.perf_counter() - began[0],
                       generation=t.scored, generate=t.generate_seconds, tokens=t.tokens)
 
-    ours = grpo_config(args)
     with tempfile.TemporaryDirectory() as out:
-        config = GRPOConfig(
-            output_dir=out, per_device_train_batch_size=args.prompts_per_step * args.group_size,
-            num_generations=args.group_size, max_completion_length=max_tokens,
-            temperature=1.0, learning_rate=ours.lr, beta=ours.beta, epsilon=ours.epsilon,
-            epsilon_high=ours.epsilon_high, loss_type=ours.loss_type,
-            scale_rewards=ours.scale_rewards, num_iterations=ours.num_iterations,
-            max_steps=args.steps, shuffle_dataset=False, report_to="none", save_strategy="no",
-            logging_steps=1, use_cpu=not cuda, bf16=cuda, dataloader_num_workers=0, seed=0)
+        config = trl_config(args, out, max_tokens, cuda)
         trainer = timed_trainer()(model=model, reward_funcs=one_step_reward, args=config,
                                   train_dataset=data, processing_class=tok, peft_config=lora,
                                   callbacks=[Timer()])
