@@ -118,9 +118,11 @@ class RunConfig:
         if g.enabled and g.init != "base" and g.init not in self.train.policies:
             raise ConfigError(f"grpo.init={g.init} is not in train.policies {self.train.policies}: "
                               "GRPO starts from a policy the train stage trains (or base)")
-        if g.enabled and self.model.constrain != "none":
-            raise ConfigError("grpo.enabled needs model.constrain=none: GRPO's ratio under a "
-                              "grammar's mask is not built yet (docs/training.md)")
+        if g.enabled and self.model.constrain != "none" and self.model.backend != "hf":
+            raise ConfigError("grpo.enabled with model.constrain=tools needs model.backend=hf: "
+                              "GRPO's ratio replays the hf decoder's grammar masks, and vLLM's "
+                              "structured outputs mask without its closing steer "
+                              "(docs/training.md)")
 
     # ---- building ----------------------------------------------------------------------
     @classmethod

@@ -55,6 +55,14 @@ class PickTwice(Pick):
     steps = 2
 
 
+class PickLong(Pick):
+    """Pick with room for a grammar (model.constrain: tools): a constrained call is written
+    one character a token where it must be, so it needs its name's length in tokens."""
+
+    name = "pick-long"
+    max_action_tokens = 8
+
+
 def biased_tiny_model(tokenizer, seed: int = 0, margin: float = 12.0):
     """A 2-layer random Llama whose head scores the four tool names `margin` above every other
     token through a constant hidden feature (dimension 0 of every embedding)."""

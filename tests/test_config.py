@@ -151,3 +151,10 @@ def test_search_k_above_the_critic_limit_is_refused_at_load(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "search.k is 40" in err and "at most 16" in err
     assert not run_dir.exists()
+
+
+def test_grpo_under_a_grammar_runs_on_hf_and_is_refused_on_vllm():
+    on = ["grpo.enabled=true", "model.constrain=tools"]
+    assert RunConfig.load(None, on).model.constrain == "tools"  # hf replays its masks
+    with pytest.raises(ConfigError, match="model.constrain=tools needs model.backend=hf"):
+        RunConfig.load(None, [*on, "model.backend=vllm"])

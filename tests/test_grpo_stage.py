@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from offline_agent.policy.base import encode_prompt
 from offline_agent.policy.hf import HFPolicy
 from offline_agent.rollout import run_episodes
 from offline_agent.training.config import TrainConfig
@@ -63,10 +62,11 @@ def test_grpo_learns_to_call_the_tool_the_instruction_names(tokenizer, tmp_path,
 
 
 def test_turns_are_trained_on_the_ids_the_policy_was_sampled_on(tokenizer, tiny_model_dir):
-    """Token-in/token-out: each turn's context is exactly the ids the backend encoded for the
-    prompt it sampled from, its action the ids it sampled; the trained sequence is their
+    """Token-in/token-out: each turn's context is exactly the ids the decoder was fed for
+    the prompt it sampled from, its action the ids it drew; the trained sequence is their
     concatenation, masked on the action only. Multi-turn MiniShop, so later turns' contexts
-    hold earlier actions and observations."""
+    hold earlier actions and observations (benchmarks/grpo_token_drift.py measures the same
+    on a real run)."""
     from transformers import AutoModelForCausalLM
 
     from offline_agent.envs.base import load_env
@@ -75,11 +75,11 @@ def test_turns_are_trained_on_the_ids_the_policy_was_sampled_on(tokenizer, tiny_
     seen: list[tuple[list[int], list[int]]] = []
 
     class Recording(HFPolicy):
-        def serve(self, requests, sampling, answer):
-            def record(request, completion):
-                seen.append((encode_prompt(self.tokenizer, request.prompt), completion.token_ids))
-                return answer(request, completion)
-            return super().serve(requests, sampling, record)
+        def _generate(self, rows, sampling, on_done):
+            def record(done, completion):  # the row's ids as prefilled, the ids it drew
+                seen.append((list(done.ids), list(completion.token_ids)))
+                return on_done(done, completion)
+            return super()._generate(rows, sampling, record)
 
     policy = Recording(model, tokenizer, max_batch=8, seed=0)
     make_env = lambda: load_env("minishop", seed=0, max_steps=3)  # noqa: E731

@@ -50,7 +50,7 @@ class Completion:
     logprobs: list[float]
     finish_reason: str = "length"  # "stop" (eos or stop string) | "length"
     # drawn under a tool-call grammar. `logprobs` are still those of the unconstrained model:
-    # what DPO and RFT recompute; GRPO's ratio would need the masked one (not built)
+    # what DPO and RFT recompute; GRPO's ratio uses the masked one (GrammarMasks.replay)
     constrained: bool = False
     # the ids of `text` that training uses for this action: they decode to exactly `text` (no
     # eos). All of `token_ids` but a final eos, except where the stop string began inside a

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .grammar import CLOSERS, CallGrammar
@@ -52,6 +53,28 @@ class RowState:
             if self.head.startswith(closing.head.encode()):
                 return closing.need(self.commas, self.seps)
         return self.grammar.horizon
+
+
+@dataclass
+class TokenMask:
+    """What the decoder let one sampled token be drawn from, as numpy.packbits bits over the
+    vocabulary: `allowed`, the tokens with finite logits after `mask`; `merged`, where the
+    token is the end `settle` redirects forbidden turn-ending tokens to, those tokens (a draw
+    of any of them came out as this token), else None."""
+
+    allowed: np.ndarray
+    merged: np.ndarray | None = None
+
+    def unpack(self, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(allowed, merged) as (vocab_size,) bool tensors (merged all False when None)."""
+        def bits(x):
+            return torch.from_numpy(np.unpackbits(x, count=vocab_size).astype(bool))
+        merged = torch.zeros(vocab_size, dtype=torch.bool) if self.merged is None else bits(self.merged)
+        return bits(self.allowed), merged
+
+
+def _packed(mask: torch.Tensor) -> np.ndarray:
+    return np.packbits(mask.cpu().numpy())
 
 
 class GrammarMasks:
@@ -165,3 +188,42 @@ class GrammarMasks:
                     row.seps += byte in SEPARATORS
         return row.matcher.is_terminated() or row.tail.endswith(
             tuple(s.encode() for s in row.grammar.stop))
+
+    def replay(self, grammar: CallGrammar, ids: list[int], max_new_tokens: int) -> list[TokenMask]:
+        """The mask each of `ids` (one reply the hf decoder drew under `grammar` with that
+        budget) was drawn under, rebuilt by running `mask`, `settle` and `advance` over them as
+        HFPolicy's decode step does: what GRPO's ratio renormalises over. Masks do not depend
+        on the logits, only on the tokens so far, except where the end `settle` redirects to
+        was written: drawn itself or redirected (then the row closes), which the tokens after
+        it may not tell apart. Redirected (the redirected tokens' mass counts, then the row
+        closes) is taken where the next tokens allow it, drawn where they do not
+        (docs/training.md names the residual)."""
+        drawn: set[int] = set()
+        while True:
+            masks, failed, assumed = self._replay(grammar, ids, max_new_tokens, drawn)
+            if failed is None:
+                return masks
+            earlier = [a for a in assumed if a < failed]
+            if not earlier:
+                raise RuntimeError(f"token {ids[failed]} at position {failed} is outside the "
+                                   "grammar's mask: not a reply drawn under this grammar")
+            drawn.add(earlier[-1])
+
+    def _replay(self, grammar: CallGrammar, ids: list[int], budget: int, drawn: set[int]):
+        """(masks, None, _) or (None, the first position whose token the mask forbids, the
+        positions taken as redirected); `drawn`: positions taken as drawn instead."""
+        row = self.rows([grammar])[0]
+        zeros = torch.zeros(1, self.vocab_size)
+        masks, assumed = [], []
+        for t, token in enumerate(ids):
+            allowed = self.mask(zeros, [row], [budget - t])[0] > float("-inf")
+            if not allowed[token]:
+                return None, t, assumed
+            merged = None
+            if row.redirect is not None and token == row.redirect[1] and t not in drawn:
+                merged = _packed(row.redirect[0])  # as settle does when it redirects a draw
+                row.closing = True
+                assumed.append(t)
+            masks.append(TokenMask(_packed(allowed), merged))
+            self.advance(row, token)
+        return masks, None, assumed

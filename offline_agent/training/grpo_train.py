@@ -70,7 +70,7 @@ def step_tasks(tasks: list[Task], cfg: GRPOConfig, seed: int, step: int) -> list
 
 
 def collect(policy, make_env: Callable[[], Env], tasks: list[Task], cfg: GRPOConfig, seed: int,
-            step: int, batch_size: int) -> tuple[list[Rollout], dict]:
+            step: int, batch_size: int, grammars=None) -> tuple[list[Rollout], dict]:
     """The step's groups; a group whose rewards all tie is sampled again with new seeds, up
     to max_resample times, then dropped (DAPO dynamic sampling). Returns the kept rollouts
     (groups renumbered) and counts."""
@@ -79,7 +79,7 @@ def collect(policy, make_env: Callable[[], Env], tasks: list[Task], cfg: GRPOCon
     for attempt in range(cfg.max_resample + 1):
         seeds = [member_seeds(seed, step, attempt, cfg.group_size) for _ in pending]
         rollouts = sample_groups(policy, make_env, [tasks[g] for g in pending], cfg.group_size,
-                                 cfg.temperature, seeds, batch_size)
+                                 cfg.temperature, seeds, batch_size, grammars)
         all_rollouts += rollouts
         reward = rewards(rollouts, cfg)
         tied = tied_groups(reward, torch.tensor([r.group for r in rollouts])).tolist()
@@ -104,13 +104,14 @@ def collect(policy, make_env: Callable[[], Env], tasks: list[Task], cfg: GRPOCon
 
 def train_grpo(model, policy, make_env: Callable[[], Env], tasks: list[Task], cfg: GRPOConfig,
                folder: Path, *, seed: int, batch_size: int, pack_tokens: int, max_tokens: int,
-               sync=None, resume: str | None = None,
+               sync=None, resume: str | None = None, grammars=None,
                on_metrics: Callable[[int, dict], None] = lambda s, m: None,
                on_checkpoint: Callable[[int, Path], None] = lambda s, f: None) -> dict:
     """cfg.steps GRPO steps on `tasks` with `model` (a trainable PEFT model) sampled through
     `policy`, which `sync(model, step)` brings up to date before each step's rollouts
     (default HFSync: `policy` is an HFPolicy on that same model); the final adapter goes to
-    folder/final."""
+    folder/final. `grammars`: the decoder's GrammarMasks where it decodes constrained
+    (HFPolicy.grammars), which rebuild each action's masks for the ratio."""
     sync = sync or HFSync(policy)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr)
@@ -123,7 +124,7 @@ def train_grpo(model, policy, make_env: Callable[[], Env], tasks: list[Task], cf
         model.eval()
         sync(model, step)
         rollouts, metrics = collect(policy, make_env, step_tasks(tasks, cfg, seed, step), cfg,
-                                    seed, step, batch_size)
+                                    seed, step, batch_size, grammars)
         model.train()
         if rollouts:
             batch = make_batch(rollouts, turn_advantages(rollouts, rewards(rollouts, cfg), cfg))
@@ -147,12 +148,13 @@ def train_grpo(model, policy, make_env: Callable[[], Env], tasks: list[Task], cf
 
 def fit_grpo(model_id: str, init: str | None, make_env: Callable[[], Env], tasks: list[Task],
              cfg: GRPOConfig, train_cfg, folder: Path, *, seed: int, max_batch: int,
-             backend: str = "hf", base_adapter: str | None = None,
+             backend: str = "hf", base_adapter: str | None = None, constrain: str = "none",
              resume: str | None = None, on_metrics=lambda s, m: None,
              on_checkpoint=lambda s, f: None) -> dict:
     """Build the model (the base, `base_adapter` merged in; then the adapter folder `init`
     trainable, or a fresh LoRA when None), its rollout policy on `backend` (hf: the model
-    itself; vllm: the base on vLLM, serving the adapter), and run train_grpo."""
+    itself; vllm: the base on vLLM, serving the adapter; `constrain` as model.constrain, hf
+    only), and run train_grpo."""
     from offline_agent.policy.adapters import import_peft
 
     from .model import add_lora, load_base
@@ -164,23 +166,28 @@ def fit_grpo(model_id: str, init: str | None, make_env: Callable[[], Env], tasks
     else:
         model = import_peft().PeftModel.from_pretrained(model, init, is_trainable=True)
     policy, sync = rollout_policy(model, tokenizer, model_id, backend, Path(folder), seed,
-                                  max_batch, base_adapter)
+                                  max_batch, base_adapter, constrain)
     env = make_env()
     return train_grpo(model, policy, make_env, tasks, cfg, Path(folder), seed=seed,
                       batch_size=max_batch, pack_tokens=train_cfg.pack_tokens,
                       max_tokens=env.max_action_tokens * env.max_steps, sync=sync,
-                      resume=resume, on_metrics=on_metrics,
+                      resume=resume, grammars=policy.grammars if backend == "hf" else None,
+                      on_metrics=on_metrics,
                       on_checkpoint=on_checkpoint)
 
 
 def rollout_policy(model, tokenizer, model_id: str, backend: str, folder: Path, seed: int,
-                   max_batch: int, base_adapter: str | None):
+                   max_batch: int, base_adapter: str | None, constrain: str = "none"):
     """(policy, sync) the rollouts sample through."""
     if backend == "hf":
         from offline_agent.policy.hf import HFPolicy
 
-        policy = HFPolicy(model, tokenizer, max_batch=max_batch, seed=seed)
+        policy = HFPolicy(model, tokenizer, max_batch=max_batch, seed=seed, constrain=constrain)
         return policy, HFSync(policy)
+    if constrain != "none":
+        raise ValueError("grpo with model.constrain=tools runs on the hf backend: its ratio "
+                         "replays the hf decoder's masks, and vLLM's structured outputs mask "
+                         "without its closing steer (docs/training.md)")
     if base_adapter:
         raise ValueError("grpo on vLLM serves the base model.id and the adapter trained; merge "
                          "model.adapter into a full model first (train.merge) and use that")

@@ -26,6 +26,7 @@ from offline_agent.chat import encode_prompt_completion
 from offline_agent.types import Message
 
 from . import trie_attention
+from .grpo import masked_logprobs
 
 
 @dataclass
@@ -154,11 +155,15 @@ def groups(items: list[list[Encoded]], budget: int) -> list[list[int]]:
     return out
 
 
-def token_logps(model, packed: Packed, temperature: float = 1.0,
-                entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logps(model, packed: Packed, temperature: float = 1.0, entropy: bool = False,
+                masks: tuple[torch.Tensor, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of each packed action token (T,), float32, under the logits divided by
     `temperature` (GRPO's ratio is taken at the sampling temperature), and with `entropy`
-    the entropy of each of those distributions (T,) (no grad).
+    the entropy of each of those distributions (T,) (no grad). `masks`: (allowed, merged),
+    each (T, V) bool, renormalise each token's distribution over its allowed tokens, the
+    merged ones' mass counted as the token's (grpo.masked_logprobs: a constrained decoder's
+    distribution).
 
     One forward over the flattened trie, its attention scoring each query only against the
     keys its block may attend to (trie_attention.py; the model's attention is switched to it,
@@ -174,14 +179,27 @@ def token_logps(model, packed: Packed, temperature: float = 1.0,
                    trie_plan=trie_attention.plan(packed.allowed, dtype, device)).logits[0].float()
     if temperature != 1.0:
         logits = logits / temperature
+    where, targets = where.to(device), packed.targets.to(device)
+    if masks is not None:
+        return _masked_logps(logits[where], targets, *(m.to(device) for m in masks), entropy)
     norm = logits.logsumexp(-1)
-    where = where.to(device)
-    picked = logits[where, packed.targets.to(device)] - norm[where]
+    picked = logits[where, targets] - norm[where]
     spread = None
     if entropy:
         with torch.no_grad():
             logp = logits - norm[:, None]
             spread = -(logp.exp() * logp).sum(-1)[where]
+    return picked, spread
+
+
+def _masked_logps(logits, targets, allowed, merged, entropy: bool):
+    """token_logps under masks: (T, V) logits, one row per action token."""
+    picked = masked_logprobs(logits, allowed, targets, merged)
+    spread = None
+    if entropy:
+        with torch.no_grad():
+            logp = logits.masked_fill(~allowed, float("-inf")).log_softmax(-1)
+            spread = -torch.where(allowed, logp.exp() * logp, 0.0).sum(-1)
     return picked, spread
 
 

@@ -60,7 +60,7 @@ def _train(ctx: StageContext) -> dict:
     metrics = fit_grpo(cfg.model.id, init_adapter(ctx), lambda: make_env(cfg),
                        store.tasks("train"), cfg.grpo, cfg.train, folder, seed=cfg.run.seed,
                        max_batch=cfg.model.max_batch, backend=cfg.model.backend,
-                       base_adapter=cfg.model.adapter,
+                       base_adapter=cfg.model.adapter, constrain=cfg.model.constrain,
                        resume=str(ctx.run_dir / saved["folder"]) if saved else None,
                        on_metrics=on_metrics, on_checkpoint=on_checkpoint)
     final = {"folder": str((folder / "final").relative_to(ctx.run_dir)), "step": metrics["step"],
