@@ -22,7 +22,8 @@ from offline_agent.policy.base import Policy
 from offline_agent.types import Task, Trajectory, step_to_dict
 from storage.rows import EvalEpisodeRow
 
-MODE = "greedy"  # the one mode evaluation plays (greedy_episodes): eval_episodes.mode
+MODE = "greedy"  # the mode evaluation always plays (greedy_episodes): eval_episodes.mode
+MCTS_MODE = "mcts"  # eval.mcts: verifier-free search, then the committed episode (search/inference.py)
 BASE = "base"  # the policy name of the untrained model, which every other is compared to
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 LEVEL = 0.95
@@ -35,11 +36,27 @@ class EvalConfig:
                               "and of paired differences", hashed=False)
     seed: int = _f(0, "seed of the bootstrap resampling (same seed, same intervals)",
                    hashed=False)
+    mcts: bool = _f(False, "also play every policy with search at inference, the '+MCTS' rows: "
+                           "verifier-free MCTS with the policy and the critic, then the most-"
+                           "visited path played once (docs/evaluation.md)")
+    mcts_simulations: int = _f(8, "simulations per test task of eval.mcts's search")
+    mcts_tasks: int = _f(0, "eval.mcts searches only the first N test tasks (0: all); its rows "
+                            "are paired with greedy on those tasks")
 
     def __post_init__(self):
         if self.bootstrap < 100:
             raise ValueError("eval.bootstrap must be >= 100 (fewer resamples give noisy "
                              "interval ends)")
+        if self.mcts_simulations < 1 or self.mcts_tasks < 0:
+            raise ValueError("eval.mcts_simulations must be >= 1 and eval.mcts_tasks >= 0")
+
+    def modes(self, tasks: list[Task]) -> dict[str, list[Task]]:
+        """{eval mode: the test tasks it plays}: greedy on all, and with `mcts` search on the
+        first `mcts_tasks` (all where 0)."""
+        out = {MODE: tasks}
+        if self.mcts:
+            out[MCTS_MODE] = tasks[:self.mcts_tasks] if self.mcts_tasks else tasks
+        return out
 
 
 # ---- statistics (pure) -----------------------------------------------------------------------

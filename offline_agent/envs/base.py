@@ -51,6 +51,10 @@ class Env(ABC):
     # tool name -> the form constrained decoding writes its calls in (one of parser.FORMS),
     # over what `tool_syntax` detects from the demonstration
     call_syntax: dict[str, str] = {}
+    # tools whose call ends the episode (running the reward): verifier-free search (eval.mcts)
+    # never executes them, the call is a terminal leaf the critic values; an env that names
+    # none still works, its ending steps are executed and their reward dropped
+    ending_tools: tuple[str, ...] = ()
     _demo_turns: list[Message] | None = None  # demonstration(), once played
     _syntax: dict[str, str] | None = None  # tool_syntax(), once detected
 
@@ -181,6 +185,19 @@ class Env(ABC):
                 observation=f"Invalid action: it could not be run ({type(e).__name__})",
                 invalid=True, info={"error": type(e).__name__})
         return call, self._count(result)
+
+    def ending_call(self, text: str) -> ToolCall | None:
+        """The call `act(text)` would run, without running it, if it is a valid call of one of
+        `ending_tools` that the state offers (`action_tools`); else None. What verifier-free
+        search asks instead of acting: running it would compute the reward."""
+        if not self.ending_tools:
+            return None
+        try:
+            call = parse_action(text[: self.max_parse_chars], self.tools)
+            validate_call(call, self.action_tools())
+        except ActionError:
+            return None
+        return call if call.name in self.ending_tools else None
 
     def _log_unexpected(self, error: Exception) -> None:
         key = (type(self).__name__, type(error).__name__)
