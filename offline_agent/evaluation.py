@@ -36,9 +36,8 @@ class EvalConfig:
                               "and of paired differences", hashed=False)
     seed: int = _f(0, "seed of the bootstrap resampling (same seed, same intervals)",
                    hashed=False)
-    mcts: bool = _f(False, "also play every policy with search at inference, the '+MCTS' rows: "
-                           "verifier-free MCTS with the policy and the critic, then the most-"
-                           "visited path played once (docs/evaluation.md)")
+    mcts: bool = _f(False, "also play each policy with verifier-free search at inference, the "
+                           "+MCTS rows (docs/evaluation.md)")
     mcts_simulations: int = _f(8, "simulations per test task of eval.mcts's search")
     mcts_tasks: int = _f(0, "eval.mcts searches only the first N test tasks (0: all); its rows "
                             "are paired with greedy on those tasks")

@@ -30,15 +30,11 @@ class SearchConfig:
                             "model calls (docs/architecture.md); off where ending is costly")
     step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")
     critic: str = _f("logprob", "logprob: one batched scoring of choice labels; none: uniform")
-    leaf_value: str = _f("rollout", "value of a new leaf: rollout (the policy plays to a terminal "
-                                    "state, today's search), critic (the critic's score of its "
-                                    "action, no rollout: no model call beyond the expansion's; "
-                                    "changes the trees), mix (the mean of the two); "
-                                    "docs/architecture.md")
-    verifier: bool = _f(True, "read the env's reward (training search); false: verifier-free "
-                              "search as eval.mcts runs it, ending tools never executed, leaves "
-                              "valued by the critic (needs leaf_value critic, finish false; "
-                              "docs/architecture.md)")
+    leaf_value: str = _f("rollout", "a new leaf's value: rollout (to a terminal state), critic "
+                                    "(its score, no rollout; changes the trees) or mix (their "
+                                    "mean); docs/architecture.md")
+    verifier: bool = _f(True, "read the env's reward; false: verifier-free, as eval.mcts runs it "
+                              "(needs leaf_value critic, finish false; docs/architecture.md)")
     trees_per_batch: int = _f(16, "trees advanced together; one generate call serves them all")
     seed: int = _f(0, "base seed; sampling is seeded per (task, simulation)")
     shard: str = _f("0/1", "i/n: search tasks[i::n] only (scale-out over machines)",
