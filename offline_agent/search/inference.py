@@ -50,7 +50,8 @@ def most_visited_path(tree: Tree) -> list[Node]:
 
 def search_and_commit(policy: Policy, make_env: Callable[[], Env], tasks: list[Task],
                       searcher: Searcher, batch_size: int,
-                      on_done: Callable[[Trajectory], None]) -> dict[str, float]:
+                      on_done: Callable[[Trajectory], None],
+                      progress: bool = True) -> dict[str, float]:
     """Search each task (verifier-free: `searcher.cfg.verifier` must be false) and play its
     committed episode; `on_done` gets each episode as it ends. Returns the searches' totals."""
     if searcher.cfg.verifier:
@@ -60,7 +61,7 @@ def search_and_commit(policy: Policy, make_env: Callable[[], Env], tasks: list[T
     for start in range(0, len(tasks), group):
         chunk = tasks[start:start + group]
         trees = [Tree.new(t, make_env()) for t in chunk]
-        stats = searcher.run(trees, lambda finished: None, progress=False)
+        stats = searcher.run(trees, lambda finished: None, progress=progress)
         for key in totals:
             totals[key] += stats[key]
         prefixes = [[(n.action, n.token_ids) for n in most_visited_path(t)] for t in trees]
