@@ -4,7 +4,10 @@ An env keeps all mutable episode state in `self.state`, so snapshot/restore is o
 of it and search can branch without replaying. Snapshots are plain JSON data, never
 pickles: stores travel between machines and are read on resume (state_json.py). Model text
 enters only through `act`, which parses it; a malformed action never raises: it
-becomes an observation that says what was wrong, counts as a step and is flagged.
+becomes an observation that says what was wrong, counts as a step and is flagged. The
+contract learns that an action ends the episode only by executing it, which computes the
+reward; an env names the tools that do in `ending_tools`, so search at inference, which must
+not read the reward, can leave them unexecuted (`ending_call`; docs/environments.md).
 """
 
 from __future__ import annotations
