@@ -58,8 +58,8 @@ def run_eval(ctx: StageContext) -> dict:
     done = sum(len(store.eval_tasks(p, m)) for p in policies for m in modes)
     searched: dict[str, dict] = {}
     for name, adapter in policies.items():
-        todo = {m: [t for t in tasks if t.id not in store.eval_tasks(name, m)]
-                for m, tasks in modes.items()}
+        have = {m: store.eval_tasks(name, m) for m in modes}
+        todo = {m: [t for t in tasks if t.id not in have[m]] for m, tasks in modes.items()}
         if not any(todo.values()):
             continue
         print(f"eval: {name}: " + ", ".join(f"{len(todo[m])} of {len(modes[m])} test tasks to "
