@@ -9,12 +9,22 @@ tasks, config and seed, with the embedded model, one after the other in this pro
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/search.py     # ~12 min on 2 cores
     .venv/bin/python benchmarks/search.py --tasks 4 --simulations 1
+
+With --leaf-value, the batched driver runs twice instead, on the same tasks: leaves valued
+by rollouts (search.leaf_value rollout, the named baseline) and by the critic's score
+(critic, no rollout), each printing nodes/s and what the model computed per simulation
+(tokens forwarded, tokens generated, policy calls; benchmarks/_counters.py).
+
+    .venv/bin/python benchmarks/search.py --leaf-value --tasks 8 --simulations 4
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
+
+from _counters import Watch
 
 from offline_agent.envs.base import load_env
 from offline_agent.policy import DEFAULT_MODEL, load_policy
@@ -37,6 +47,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--oversample", type=int, default=2)
     ap.add_argument("--max-depth", type=int, default=4)
+    ap.add_argument("--leaf-value", action="store_true",
+                    help="rollout vs critic leaves (search.leaf_value), batched, side by side")
     args = ap.parse_args()
 
     policy = load_policy(args.model, device="cpu")
@@ -53,6 +65,9 @@ def main() -> None:
           f"(of {args.k * args.oversample} samples), "
           f"max depth {args.max_depth}, model {args.model}")
 
+    if args.leaf_value:
+        leaf_values(policy, make_env, critic, tasks, cfg)
+        return
     policy.clear_cache()
     trees = [Tree.new(t, make_env()) for t in tasks]
     batched = Searcher(policy, make_env, cfg, critic).run(trees, lambda _: None)["nodes_per_s"]
@@ -92,6 +107,24 @@ def main() -> None:
     print(f"sequential, prefix cache on:         {cached:.2f} nodes/s")
     print(f"ratio batched / sequential (named baseline): {batched / plain:.2f}x")
     print(f"ratio batched / sequential with prefix cache (batching alone): {batched / cached:.2f}x")
+
+def leaf_values(policy, make_env, critic, tasks, cfg: SearchConfig) -> None:
+    """The batched driver with rollout leaves, then critic leaves, from a cold prefix cache."""
+    rates = {}
+    for leaf in ("rollout", "critic"):
+        policy.clear_cache()
+        trees = [Tree.new(t, make_env()) for t in tasks]
+        with Watch(policy.model, policy=policy) as watch:
+            stats = Searcher(policy, make_env, replace(cfg, leaf_value=leaf), critic).run(
+                trees, lambda _: None, progress=False)
+        sims, c = stats["simulations"], watch.counts
+        rates[leaf] = stats["nodes_per_s"]
+        print(f"leaf_value {leaf:8s} {rates[leaf]:.2f} nodes/s, {stats['nodes']} nodes; per "
+              f"simulation: {c.forwarded / sims:.0f} tokens forwarded, "
+              f"{c.generated / sims:.1f} generated, {c.calls / sims:.2f} policy calls")
+    print(f"ratio critic / rollout leaves (named baseline: rollout): "
+          f"{rates['critic'] / rates['rollout']:.2f}x nodes/s")
+
 
 if __name__ == "__main__":
     main()

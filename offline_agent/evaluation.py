@@ -22,7 +22,8 @@ from offline_agent.policy.base import Policy
 from offline_agent.types import Task, Trajectory, step_to_dict
 from storage.rows import EvalEpisodeRow
 
-MODE = "greedy"  # the one mode evaluation plays (greedy_episodes): eval_episodes.mode
+MODE = "greedy"  # the mode evaluation always plays (greedy_episodes): eval_episodes.mode
+MCTS_MODE = "mcts"  # eval.mcts: verifier-free search, then the committed episode (search/inference.py)
 BASE = "base"  # the policy name of the untrained model, which every other is compared to
 TEST = "test"  # the split of the held-out tasks: the only one the report's tables read
 VAL = "val"  # the split of validation tasks (env.val_tasks): never in the test table
@@ -39,6 +40,11 @@ class EvalConfig:
                    hashed=False)
     configs_tried: int = _f(1, "configurations tried to reach this one (e.g. on validation), "
                                "shown beside every p-value", hashed=False)
+    mcts: bool = _f(False, "also play each policy with verifier-free search at inference, the "
+                           "+MCTS rows (docs/evaluation.md)")
+    mcts_simulations: int = _f(8, "simulations per test task of eval.mcts's search")
+    mcts_tasks: int = _f(0, "eval.mcts searches only the first N test tasks (0: all); its rows "
+                            "are paired with greedy on those tasks")
 
     def __post_init__(self):
         if self.bootstrap < 100:
@@ -46,6 +52,16 @@ class EvalConfig:
                              "interval ends)")
         if self.configs_tried < 1:
             raise ValueError("eval.configs_tried must be >= 1 (this run's config counts)")
+        if self.mcts_simulations < 1 or self.mcts_tasks < 0:
+            raise ValueError("eval.mcts_simulations must be >= 1 and eval.mcts_tasks >= 0")
+
+    def modes(self, tasks: list[Task]) -> dict[str, list[Task]]:
+        """{eval mode: the test tasks it plays}: greedy on all, and with `mcts` search on the
+        first `mcts_tasks` (all where 0)."""
+        out = {MODE: tasks}
+        if self.mcts:
+            out[MCTS_MODE] = tasks[:self.mcts_tasks] if self.mcts_tasks else tasks
+        return out
 
 
 # ---- statistics (pure) -----------------------------------------------------------------------

@@ -43,6 +43,7 @@ def run_episodes(
     on_done: Callable[[Trajectory], None] | None = None,
     seeds: list[int] | None = None,
     on_turn: Callable[[int, str, Completion, Env], None] | None = None,
+    prefixes: list[list[tuple[str, list[int] | None]]] | None = None,
 ) -> list[Trajectory]:
     """Play every task to the end (done or the env's step limit); returns trajectories in order.
 
@@ -54,9 +55,12 @@ def run_episodes(
     it (or on `batch_size`); a task listed twice plays the same episode twice, unless `seeds`
     gives each episode its own seed in place of `seed` (GRPO's group members).
     `on_turn(i, prompt, completion, env)` sees each action of episode i before its env acts
-    on it (GRPO keeps the ids)."""
+    on it (GRPO keeps the ids). `prefixes[i]`, (text, generated ids) pairs, are played in
+    episode i before the policy's first turn (the path inference search commits to)."""
     if seeds is not None and len(seeds) != len(tasks):
         raise ValueError(f"{len(seeds)} seeds for {len(tasks)} tasks")
+    if prefixes is not None and len(prefixes) != len(tasks):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(tasks)} tasks")
     seeds = seeds if seeds is not None else [seed] * len(tasks)
     out: list[Trajectory | None] = [None] * len(tasks)
     if not tasks:
@@ -75,30 +79,40 @@ def run_episodes(
                        envs[i].call_tools(), key=i)
 
     def start() -> list[Request]:
-        i = next(queue, None)
-        if i is None:
-            return []
-        envs[i] = make_env()
-        first = envs[i].reset(tasks[i])
-        trajs[i] = Trajectory(task_id=tasks[i].id, env=tasks[i].env,
-                              instruction=tasks[i].instruction, first_observation=first)
-        return [request(i)]
+        """The next task's first request; a task its prefix ends is recorded on the way."""
+        for i in queue:
+            envs[i] = make_env()
+            first = envs[i].reset(tasks[i])
+            trajs[i] = Trajectory(task_id=tasks[i].id, env=tasks[i].env,
+                                  instruction=tasks[i].instruction, first_observation=first)
+            if not any(play(i, text, ids) for text, ids in (prefixes[i] if prefixes else [])):
+                return [request(i)]
+            record(i)
+        return []
 
-    def answer(r: Request, completion: Completion) -> list[Request]:
-        i, t = r.key, trajs[r.key]
-        if on_turn:
-            on_turn(i, r.prompt, completion, envs[i])
-        call, result = envs[i].act(completion.text)
-        t.steps.append(make_step(completion.text, call, result, completion.action_ids))
-        if not result.done:
-            return [request(i)]
-        t.reward, t.achieved = result.reward, envs[i].describe_achieved()
+    def play(i: int, text: str, ids: list[int] | None) -> bool:
+        """Step episode i with `text`; whether the episode is over."""
+        call, result = envs[i].act(text)
+        trajs[i].steps.append(make_step(text, call, result, ids))
+        return result.done
+
+    def record(i: int) -> None:
+        t = trajs.pop(i)
+        t.reward, t.achieved = t.steps[-1].reward, envs.pop(i).describe_achieved()
         out[i] = t
-        del envs[i], trajs[i]
         if on_done:
             on_done(t)
+
+    def answer(r: Request, completion: Completion) -> list[Request]:
+        i = r.key
+        if on_turn:
+            on_turn(i, r.prompt, completion, envs[i])
+        if not play(i, completion.text, completion.action_ids):
+            return [request(i)]
+        record(i)
         return start()
 
     first = [r for _ in range(batch_size) for r in start()]
-    policy.serve(first, action_sampling(first_env, temperature, None), answer)
+    if first:  # none where every prefix ended its episode
+        policy.serve(first, action_sampling(first_env, temperature, None), answer)
     return out  # type: ignore[return-value]

@@ -58,18 +58,26 @@ def build_report(store: Store, cfg: EvalConfig) -> dict:
 
 
 def policy_results(store: Store, cfg: EvalConfig) -> list[dict]:
-    """One entry per evaluated (policy, mode): base first, then trained policies in the
-    order training finished them; each but base with its paired difference to base."""
+    """One entry per evaluated (policy, mode), named `<policy>` (greedy) or `<policy>+mcts`:
+    base first, then trained policies in the order training finished them, each policy's
+    search at inference after its greedy row; each but base greedy with its paired difference
+    to base greedy, and a search row with its paired difference to the same policy greedy on
+    the same tasks (`delta_vs_greedy`). Test tasks only (test_episodes)."""
     runs = test_episodes(store)
     rank = {name: i for i, name in enumerate([BASE, *trained_policies(store)])}
     order = sorted(runs, key=lambda k: (rank.get(k[0], len(rank)), k[0], k[1] != MODE, k[1]))
     base = runs.get((BASE, MODE))
     out = []
     for policy, mode in order:
-        entry = {"policy": policy, "mode": mode, **summarize(runs[policy, mode], cfg)}
+        name = policy if mode == MODE else f"{policy}+{mode}"
+        entry = {"name": name, "policy": policy, "mode": mode,
+                 **summarize(runs[policy, mode], cfg)}
         is_base = (policy, mode) == (BASE, MODE)
         entry["delta_vs_base"] = (compare(runs[policy, mode], base, cfg)
                                   if base and not is_base else None)
+        greedy = runs.get((policy, MODE))
+        entry["delta_vs_greedy"] = (compare(runs[policy, mode], greedy, cfg)
+                                    if greedy and mode != MODE else None)
         out.append(entry)
     return out
 

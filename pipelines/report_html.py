@@ -81,7 +81,9 @@ def _comparison(policies: list[dict]) -> str:
         return _missing("No evaluation episodes yet (the eval stage has not run).")
     note = ("<p class='note'>success: Wilson 95% interval; mean reward: bootstrap 95% interval "
             "over tasks; vs base: mean per-task difference on the tasks both policies played, "
-            "paired bootstrap 95% interval (it excludes 0 when the difference is clear). "
+            "paired bootstrap 95% interval (it excludes 0 when the difference is clear); vs "
+            "greedy: a <policy>+mcts row (search at inference) against the same policy's greedy "
+            "episodes on the same tasks, paired the same way. "
             "McNemar p (wins:losses, configurations tried): the paired tests below. "
             "changed vs base: the tasks where the policy's greedy actions differ from base's "
             "in any step (Wilson 95% interval), which moves before success does: on a handful "
@@ -191,7 +193,7 @@ def _success_chart(policies: list[dict]) -> str:
         return _missing("Nothing to plot yet.")
     fig = Figure(figsize=(max(4.0, 1.1 * len(policies) + 1.5), 3.2))
     ax = fig.subplots()
-    labels = [e["policy"] + ("" if e["mode"] == "greedy" else f" +{e['mode']}") for e in policies]
+    labels = [e["name"] for e in policies]
     rates = [100 * (e["success_rate"] or 0) for e in policies]
     lo = [r - 100 * e["ci95"][0] if e["ci95"] else 0 for r, e in zip(rates, policies)]
     hi = [100 * e["ci95"][1] - r if e["ci95"] else 0 for r, e in zip(rates, policies)]

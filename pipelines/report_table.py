@@ -26,10 +26,12 @@ def _num(value: float | None, ci: list[float] | None, signed: bool = False) -> s
 def comparison_cells(entry: dict) -> list[str]:
     """One row of the comparison table as text cells (shared by stdout and the page)."""
     d = entry["delta_vs_base"] or {}
+    g = entry["delta_vs_greedy"] or {}
     return [
-        entry["policy"], entry["mode"], str(entry["n_tasks"]),
+        entry["name"], entry["mode"], str(entry["n_tasks"]),
         _pct(entry["success_rate"], entry["ci95"]),
         _pct(d.get("success_rate"), d.get("ci95"), signed=True) if d else "-",
+        _pct(g.get("success_rate"), g.get("ci95"), signed=True) if g else "-",
         _p(d),
         _num(entry["mean_reward"], entry["mean_reward_ci95"]),
         _num(d.get("mean_reward"), d.get("mean_reward_ci95"), signed=True) if d else "-",
@@ -54,7 +56,7 @@ def _p(d: dict) -> str:
     return f"{d['mcnemar_p']:.3g} ({d['wins']}:{d['losses']}, {d['configs_tried']} tried)"
 
 
-COLUMNS = ["policy", "mode", "n", "success [95% CI]", "vs base (paired)",
+COLUMNS = ["policy", "mode", "n", "success [95% CI]", "vs base (paired)", "vs greedy (paired)",
            "McNemar p", "mean reward [95% CI]", "vs base (paired)", "changed vs base",
            "invalid", "steps"]
 

@@ -87,3 +87,46 @@ class ListedCorridor(Corridor):
 
     def available_actions(self):
         return [] if self.state in ("rr", "rl", "lr", "ll") else ["go[left]", "go[right]"]
+
+
+class SubmitCorridor(Env):
+    """Moves left or right as often as wanted; `submit` ends the episode, paying 1 after
+    right-right, 0.25 after right-left, else 0. It names `submit` in `ending_tools`, and its
+    verifier counts its calls (in `verifier_calls`, over every instance)."""
+
+    name = "submit-corridor"
+    tools = [*Corridor.tools,  # noqa: RUF012
+             {"type": "function", "function": {"name": "submit", "parameters": {}}}]
+    ending_tools = ("submit",)
+    verifier_calls = 0
+
+    def tasks(self, split, n):
+        return [Task(id=f"submit-{split}-{i}", env=self.name, instruction=f"reach rr, then "
+                     f"submit ({i})") for i in range(n)]
+
+    def system_prompt(self):
+        return "go[left], go[right] or submit"
+
+    def _reset(self, task):
+        self.state = ""
+        return "start"
+
+    def _execute(self, call: ToolCall) -> StepResult:
+        if call.name == "submit":
+            return StepResult("submitted", reward=self.verify(), done=True)
+        d = call.arguments["direction"]
+        if d not in ("left", "right"):
+            raise ActionError("direction must be left or right")
+        self.state += d[0]
+        return StepResult(f"at {self.state}")
+
+    def verify(self) -> float:
+        SubmitCorridor.verifier_calls += 1
+        return {"rr": 1.0, "rl": 0.25}.get(self.state[-2:], 0.0)
+
+
+class UndeclaredSubmitCorridor(SubmitCorridor):
+    """SubmitCorridor written against the contract before `ending_tools`: it names none."""
+
+    name = "undeclared-submit-corridor"
+    ending_tools = ()

@@ -272,3 +272,46 @@ def test_eval_stage_refuses_a_missing_adapter(tmp_path, tiny_model_dir):
         store.set_checkpoint("train", "", "rft/final", {"folder": str(tmp_path / "gone")})
     with pytest.raises(FileNotFoundError, match="policy 'rft'.*holds no adapter_config.json"):
         run(cfg, tmp_path / "run", STAGES, until="eval")
+
+
+def test_search_at_inference_is_stored_per_task_and_resumes(trained_run, monkeypatch):
+    """eval.mcts on 2 of the 3 test tasks: killed after base's first searched task, the
+    resumed stage searches only base's second, then the adapter's two."""
+    import offline_agent.search.inference as inference
+    from pipelines.runner import run
+    from pipelines.stages import STAGES
+
+    cfg, run_dir = trained_run
+    cfg = RunConfig.from_dict({**cfg.to_dict(), "eval": {"mcts": True, "mcts_simulations": 2,
+                                                         "mcts_tasks": 2}})
+    searched, real_search = [], inference.search_and_commit
+
+    def spy(policy, make_env, tasks, searcher, batch_size, on_done):
+        searched.append([t.id for t in tasks])
+        assert not searcher.cfg.verifier and searcher.cfg.simulations == 2
+        return real_search(policy, make_env, tasks, searcher, batch_size, on_done)
+
+    inserted, real_insert = [], Store.insert_eval_episodes
+
+    def crash_on_the_fifth(self, rows, stage):
+        if len(inserted) == 4:  # base: 3 greedy, 1 searched
+            raise KeyboardInterrupt
+        inserted.extend((r.policy, r.mode, r.task_id) for r in rows)
+        real_insert(self, rows, stage)
+
+    monkeypatch.setattr(inference, "search_and_commit", spy)
+    monkeypatch.setattr(Store, "insert_eval_episodes", crash_on_the_fifth)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, run_dir, STAGES, until="eval")
+    assert inserted[3] == ("base", "mcts", "minishop-test-00000")
+    monkeypatch.setattr(Store, "insert_eval_episodes", real_insert)
+    results = run(cfg, run_dir, STAGES, until="eval")
+    first, second = "minishop-test-00000", "minishop-test-00001"
+    assert searched == [[first, second], [second], [first, second]]
+    with Store(run_dir / "store.duckdb") as store:
+        rows = store.eval_episodes(mode="mcts")
+    assert [(r.policy, r.task_id) for r in rows] == [
+        ("base", first), ("base", second), ("dpo_step", first), ("dpo_step", second)]
+    stats = results["eval"]["stats"]
+    assert stats["base+mcts"]["n_tasks"] == 2 and stats["base"]["n_tasks"] == 3
+    assert stats["dpo_step+mcts"]["search"]["simulations"] == 4

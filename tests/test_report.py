@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,31 @@ def test_report_files_and_table(run_dir):
     assert table[0].split()[:3] == ["policy", "mode", "n"]
     assert table[2].startswith("base ") and "25.0% [" in table[2]
     assert table[3].startswith("dpo_step") and "+25.0% [+" in table[3]
+
+
+def test_search_at_inference_rows_pair_with_the_same_policy_greedy(tmp_path):
+    """base+mcts on the first 10 tasks: its own row after base's, paired with base greedy on
+    those 10 tasks (vs greedy) and with base greedy everywhere it has a twin (vs base)."""
+    with Store(tmp_path / "store.duckdb") as store:
+        fill(store, training=False)
+        searched = [replace(r, mode="mcts", reward=1.0 if i % 2 == 0 else r.reward,
+                            success=i % 2 == 0 or r.success)
+                    for i, r in enumerate(episodes("base", set(range(0, N, 4)))[:10])]
+        store.insert_eval_episodes(searched, "eval")
+        report = build_report(store, EvalConfig(bootstrap=500))
+    base, mcts = report["policies"]
+    assert (base["name"], mcts["name"], mcts["policy"], mcts["mode"]) == (
+        "base", "base+mcts", "base", "mcts")
+    assert base["delta_vs_greedy"] is None and mcts["n_tasks"] == 10
+    # base greedy solves tasks 0, 4, 8 of the first 10; with search 0, 2, 4, 6, 8: +20 points
+    delta = mcts["delta_vs_greedy"]
+    assert delta["n_tasks"] == 10 and delta["success_rate"] == pytest.approx(0.2)
+    assert delta["ci95"][0] >= 0 and mcts["delta_vs_base"] == delta
+    lo, hi = mcts["ci95"]
+    assert lo < 0.5 < hi
+    table = comparison_table(report).splitlines()
+    assert "vs greedy (paired)" in table[0] and table[3].startswith("base+mcts")
+    assert "+20.0% [" in table[3]
 
 
 def test_report_of_partial_runs(tmp_path):

@@ -4,7 +4,10 @@ An env keeps all mutable episode state in `self.state`, so snapshot/restore is o
 of it and search can branch without replaying. Snapshots are plain JSON data, never
 pickles: stores travel between machines and are read on resume (state_json.py). Model text
 enters only through `act`, which parses it; a malformed action never raises: it
-becomes an observation that says what was wrong, counts as a step and is flagged.
+becomes an observation that says what was wrong, counts as a step and is flagged. The
+contract learns that an action ends the episode only by executing it, which computes the
+reward; an env names the tools that do in `ending_tools`, so search at inference, which must
+not read the reward, can leave them unexecuted (`ending_call`; docs/environments.md).
 """
 
 from __future__ import annotations
@@ -51,6 +54,10 @@ class Env(ABC):
     # tool name -> the form constrained decoding writes its calls in (one of parser.FORMS),
     # over what `tool_syntax` detects from the demonstration
     call_syntax: dict[str, str] = {}
+    # tools whose call ends the episode (running the reward): verifier-free search (eval.mcts)
+    # never executes them, the call is a terminal leaf the critic values; an env that names
+    # none still works, its ending steps are executed and their reward dropped
+    ending_tools: tuple[str, ...] = ()
     _demo_turns: list[Message] | None = None  # demonstration(), once played
     _syntax: dict[str, str] | None = None  # tool_syntax(), once detected
 
@@ -181,6 +188,19 @@ class Env(ABC):
                 observation=f"Invalid action: it could not be run ({type(e).__name__})",
                 invalid=True, info={"error": type(e).__name__})
         return call, self._count(result)
+
+    def ending_call(self, text: str) -> ToolCall | None:
+        """The call `act(text)` would run, without running it, if it is a valid call of one of
+        `ending_tools` that the state offers (`action_tools`); else None. What verifier-free
+        search asks instead of acting: running it would compute the reward."""
+        if not self.ending_tools:
+            return None
+        try:
+            call = parse_action(text[: self.max_parse_chars], self.tools)
+            validate_call(call, self.action_tools())
+        except ActionError:
+            return None
+        return call if call.name in self.ending_tools else None
 
     def _log_unexpected(self, error: Exception) -> None:
         key = (type(self).__name__, type(error).__name__)

@@ -30,6 +30,11 @@ class SearchConfig:
                             "model calls (docs/architecture.md); off where ending is costly")
     step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")
     critic: str = _f("logprob", "logprob: one batched scoring of choice labels; none: uniform")
+    leaf_value: str = _f("rollout", "a new leaf's value: rollout (to a terminal state), critic "
+                                    "(its score, no rollout; changes the trees) or mix (their "
+                                    "mean); docs/architecture.md")
+    verifier: bool = _f(True, "read the env's reward; false: verifier-free, as eval.mcts runs it "
+                              "(needs leaf_value critic, finish false; docs/architecture.md)")
     trees_per_batch: int = _f(16, "trees advanced together; one generate call serves them all")
     seed: int = _f(0, "base seed; sampling is seeded per (task, simulation)")
     shard: str = _f("0/1", "i/n: search tasks[i::n] only (scale-out over machines)",
@@ -40,6 +45,7 @@ class SearchConfig:
             raise ValueError(f"search.selection must be ucb1 or puct, got {self.selection!r}")
         if self.critic not in ("logprob", "none"):
             raise ValueError(f"search.critic must be logprob or none, got {self.critic!r}")
+        self._check_leaf_value()
         i, _, n = self.shard.partition("/")
         if not (i.isdigit() and n.isdigit() and int(i) < int(n)):
             raise ValueError(f"search.shard must look like i/n with 0 <= i < n, got {self.shard!r}")
@@ -54,6 +60,18 @@ class SearchConfig:
             raise ValueError(f"search.k is {self.k}, but the logprob critic ranks at most "
                              f"{MAX_ACTIONS} actions (one letter each); lower search.k or "
                              "set search.critic: none")
+
+    def _check_leaf_value(self) -> None:
+        if self.leaf_value not in ("rollout", "critic", "mix"):
+            raise ValueError("search.leaf_value must be rollout, critic or mix, got "
+                             f"{self.leaf_value!r}")
+        if self.leaf_value != "rollout" and self.critic == "none":
+            raise ValueError(f"search.leaf_value {self.leaf_value} needs a critic: "
+                             "search.critic is none")
+        if not self.verifier and (self.leaf_value != "critic" or self.finish):
+            raise ValueError("search.verifier false (verifier-free search) needs "
+                             "search.leaf_value critic and search.finish false: rollouts and "
+                             "finish read the env's reward")
 
     @property
     def shard_index(self) -> tuple[int, int]:

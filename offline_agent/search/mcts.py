@@ -13,7 +13,13 @@ PUCT with the critic's score as prior, where a visited child's Q is eq. 10's
 `alpha*Q_mcts + (1-alpha)*critic score` and an unvisited child's is its critic score (the AI
 critique orders first visits), or the best ending one listed step on (`cfg.finish`). A
 terminal child's Q is the reward the env gave it, visited or not. Backup keeps a running mean
-of returns (Q_mcts).
+of returns (Q_mcts): a new leaf's value is the return of a rollout to a terminal state, or
+(`cfg.leaf_value`) the critic's score of its action, AlphaZero-style, or their mean.
+
+Verifier-free search (`cfg.verifier` false, what inference runs: eval.mcts) never reads the
+env's reward: an action calling one of the env's `ending_tools` is not executed but becomes a
+terminal leaf, an ending step the env ran anyway has its reward dropped, and every leaf,
+terminal ones included, is worth the critic's score (docs/architecture.md).
 
 Where the env lists its actions, search also spends env steps, which cost microseconds in a
 simulator with snapshots, to save model calls, which cost seconds on a CPU: the endings a
@@ -152,13 +158,14 @@ def puct(q: float, prior: float, n_parent: int, n_child: int, c: float) -> float
     return q + c * prior * math.sqrt(n_parent) / (1 + n_child)
 
 
-def child_value(node: Node, alpha: float, uniform: float) -> float:
+def child_value(node: Node, alpha: float, uniform: float, verifier: bool = True) -> float:
     """Agent Q eq. 10, alpha*Q_mcts + (1-alpha)*Q_critic, once visited; before that, the
     critic's score alone (`uniform` without a critic), so the AI critique orders first visits.
     A terminal child is worth the reward the env gave it when it was expanded, visited or not:
     that score is exact, and mixing in the critic's guess made search re-select endings known
-    to fail (a simulation that learns nothing)."""
-    if node.terminal:
+    to fail (a simulation that learns nothing). Verifier-free (`verifier` false), a terminal
+    child has no reward: it is valued like any other."""
+    if node.terminal and verifier:
         return node.reward
     critic = uniform if node.critic_score is None else node.critic_score
     if node.visits:
@@ -172,7 +179,7 @@ def select_child(tree: Tree, node: Node, cfg: SearchConfig) -> Node:
     uniform = 1.0 / len(children)
 
     def score(child: Node) -> float:
-        value = child_value(child, cfg.alpha, uniform)
+        value = child_value(child, cfg.alpha, uniform, cfg.verifier)
         if cfg.selection == "puct":
             prior = uniform if child.critic_score is None else child.critic_score
             return puct(value, prior, node.visits, child.visits, cfg.c)
@@ -238,16 +245,23 @@ def rank_scores(scores: list[float]) -> list[int]:
 def simulate(
     tree: Tree, env: Env, cfg: SearchConfig, use_critic: bool = True
 ) -> Generator[Sample | Rank | Critique, list, SimulationResult]:
-    """Select, expand (K proposals + critique), roll out to a terminal state, back up. The
-    phases that need a model pass their requests up to the driver through `yield from`."""
+    """Select, expand (K proposals + critique), roll out to a terminal state (unless the
+    critic alone values leaves), back up. The phases that need a model pass their requests up
+    to the driver through `yield from`."""
+    if cfg.leaf_value != "rollout" and not use_critic:
+        raise ValueError(f"search.leaf_value {cfg.leaf_value} needs a critic")
     sim = tree.simulations_done
     node = select_leaf(tree, cfg)
     new_nodes: list[int] = []
     if not node.terminal:
         new_nodes = yield from expand(tree, node, env, cfg, sim, use_critic)
         node = select_child(tree, node, cfg)
-    ending = yield from rollout(tree, node, env, cfg, sim)
-    return backpropagate(tree, node, env, ending, cfg, sim, new_nodes)
+    if cfg.leaf_value == "critic":
+        ending = at_leaf(tree, node)
+    else:
+        ending = yield from rollout(tree, node, env, cfg, sim)
+    value = leaf_value(node, ending, cfg)
+    return backpropagate(tree, node, env, ending, value, cfg, sim, new_nodes)
 
 
 def select_leaf(tree: Tree, cfg: SearchConfig) -> Node:
@@ -277,10 +291,10 @@ def expand(
                              env.call_tools())
     last = node.depth + 1 >= cfg.max_depth  # children at max depth end there
     seen: set[str] = set()
-    sampled = try_actions(env, node, proposals, seen, last, cfg.finish)
-    listed = try_actions(env, node, [(a, None) for a in available], seen, last, cfg.finish)
+    sampled = try_actions(env, node, proposals, seen, last, cfg)
+    listed = try_actions(env, node, [(a, None) for a in available], seen, last, cfg)
     children = add_children(tree, node, choose_children(sampled, listed, cfg), sim, last)
-    yield from critique(tree, children, history, use_critic)
+    yield from critique(tree, children, history, use_critic, cfg.leaf_value != "rollout")
     return [child.id for child in children]
 
 
@@ -299,22 +313,39 @@ def ranked_available(
 
 
 def try_actions(env: Env, node: Node, texts: list[tuple[str, list[int] | None]],
-                seen: set[str], last: bool, find_endings: bool) -> list[Candidate]:
-    """Each of `texts` (text, generated ids) stepped from the node's state, but those whose `action_key` is in `seen`
-    (which gains the keys of the new ones). With `find_endings`, a candidate that does not end the
-    episode (nor reach max depth, `last`) looks for the best ending one listed step on."""
+                seen: set[str], last: bool, cfg: SearchConfig) -> list[Candidate]:
+    """Each of `texts` (text, generated ids) stepped from the node's state (`search_step`), but
+    those whose `action_key` is in `seen` (which gains the keys of the new ones). With
+    cfg.finish, a candidate that does not end the episode (nor reach max depth, `last`) looks
+    for the best ending one listed step on."""
     out = []
     for text, ids in texts:
         env.restore(node.snapshot)
-        call, result = env.act(text)
+        call, result, snapshot = search_step(env, text, cfg.verifier)
         key = action_key(text, call)
         if key in seen:
             continue
         seen.add(key)
-        snapshot = env.snapshot()
-        ending = None if result.done or last or not find_endings else best_ending(env)
+        ending = None if result.done or last or not cfg.finish else best_ending(env)
         out.append(Candidate(text, call, result, snapshot, ending, ids))
     return out
+
+
+UNSCORED = "unscored"  # StepResult.info key of an ending step whose reward search never read
+
+
+def search_step(env: Env, text: str, verifier: bool) -> tuple[ToolCall | None, StepResult, dict]:
+    """`env.act(text)` and the snapshot after it. Verifier-free (`verifier` false), a call of
+    one of the env's `ending_tools` is not executed (its reward would be computed): it is a
+    terminal step that leaves the state as it was; an ending step the env ran anyway (an env
+    that declares no `ending_tools`) keeps only its observation, its reward dropped."""
+    if not verifier and (call := env.ending_call(text)) is not None:
+        return call, StepResult("", done=True, info={UNSCORED: "not run"}), env.snapshot()
+    call, result = env.act(text)
+    if not verifier and result.done:
+        result = StepResult(result.observation, done=True, invalid=result.invalid,
+                            info={UNSCORED: "reward dropped"})
+    return call, result, env.snapshot()
 
 
 def choose_children(sampled: list[Candidate], listed: list[Candidate],
@@ -347,11 +378,11 @@ def add_children(tree: Tree, node: Node, chosen: list[Candidate], sim: int,
     ]
 
 
-def critique(tree: Tree, children: list[Node], history: list[Step],
-             use_critic: bool) -> Generator[Critique, list, None]:
-    """Store the critic's score and rank of each new child (uniform without a critic or with
-    one child)."""
-    if use_critic and len(children) > 1:
+def critique(tree: Tree, children: list[Node], history: list[Step], use_critic: bool,
+             values: bool) -> Generator[Critique, list, None]:
+    """Store the critic's score and rank of each new child (uniform without a critic, or with
+    one child unless the scores are leaf `values`)."""
+    if use_critic and (len(children) > 1 or values):
         scores = yield Critique(tree.task, tree.root.observation, history,
                                 [c.action for c in children])
     else:
@@ -365,10 +396,10 @@ def rollout(tree: Tree, node: Node, env: Env, cfg: SearchConfig,
     """Rollout: the policy plays from `node` to a terminal state or max depth. With cfg.finish,
     every state it passes also tries the env's listed actions that end the episode. Returns the
     best ending net of step costs; ties go to the earliest (shortest)."""
+    if node.terminal:
+        return at_leaf(tree, node)
     steps = tree.steps(node)
     env.restore(node.snapshot)
-    if node.terminal:
-        return Ending(node.reward, steps, node.snapshot)
     endings: list[Ending] = []
     for depth in range(node.depth, cfg.max_depth):
         if cfg.finish:
@@ -385,20 +416,39 @@ def rollout(tree: Tree, node: Node, env: Env, cfg: SearchConfig,
     return max(endings, key=lambda e: e.reward - cfg.step_cost * len(e.steps))
 
 
-def backpropagate(tree: Tree, node: Node, env: Env, ending: Ending, cfg: SearchConfig,
-                  sim: int, new_nodes: list[int]) -> SimulationResult:
-    """Backup: the ending's return (its reward less step costs) joins the running mean of every
-    node from the root to `node`, and the tree counts one more simulation."""
-    env.restore(ending.snapshot)
+def at_leaf(tree: Tree, node: Node) -> Ending:
+    """The simulation ends where it stands: no rollout (a terminal node, or leaves the critic
+    values); its reward is the node's if it ended the episode."""
+    return Ending(node.reward if node.terminal else 0.0, tree.steps(node), node.snapshot)
+
+
+def leaf_value(node: Node, ending: Ending, cfg: SearchConfig) -> float:
+    """What a simulation backs up (cfg.leaf_value): the ending's reward less step costs
+    (rollout), the critic's score of the leaf's action less the costs of the steps to it
+    (critic), or their mean (mix). A terminal leaf is worth its reward where the verifier is
+    read (exact), and its critic score where it is not."""
     ret = ending.reward - cfg.step_cost * len(ending.steps)
+    if cfg.leaf_value == "rollout" or (node.terminal and cfg.verifier):
+        return ret
+    critic = node.critic_score - cfg.step_cost * node.depth
+    return critic if cfg.leaf_value == "critic" else (ret + critic) / 2
+
+
+def backpropagate(tree: Tree, node: Node, env: Env, ending: Ending, value: float,
+                  cfg: SearchConfig, sim: int, new_nodes: list[int]) -> SimulationResult:
+    """Backup: `value` joins the running mean of every node from the root to `node`, and the
+    tree counts one more simulation. Verifier-free, the trajectory claims no achieved task
+    (hindsight reads the terminal state)."""
+    env.restore(ending.snapshot)
     path = tree.path(node)
-    backup(path, ret)
+    backup(path, value)
     tree.simulations_done += 1
     task = tree.task
+    achieved = env.describe_achieved() if cfg.verifier else None
     trajectory = Trajectory(task_id=task.id, env=task.env, instruction=task.instruction,
                             first_observation=tree.root.observation, steps=ending.steps,
-                            reward=ending.reward, achieved=env.describe_achieved())
-    return SimulationResult(sim, trajectory, ret, new_nodes, [n.id for n in path])
+                            reward=ending.reward, achieved=achieved)
+    return SimulationResult(sim, trajectory, value, new_nodes, [n.id for n in path])
 
 
 def drive(simulation: Generator, serve) -> SimulationResult:

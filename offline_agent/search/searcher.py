@@ -65,6 +65,8 @@ def rank_available(policy: Policy, env: Env, requests: list[Rank]) -> list[list[
 class Searcher:
     def __init__(self, policy: Policy, make_env: Callable[[], Env], cfg: SearchConfig,
                  critic: Critic | None = None):
+        if cfg.leaf_value != "rollout" and critic is None:
+            raise ValueError(f"search.leaf_value {cfg.leaf_value} needs a critic, got None")
         self.policy, self.make_env, self.cfg, self.critic = policy, make_env, cfg, critic
         self.probe = make_env()  # renders prompts; the system prompt and demo are per env
         self.stop, self.max_tokens = list(self.probe.stop), self.probe.max_action_tokens

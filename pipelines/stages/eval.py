@@ -4,7 +4,10 @@ policy the train stage finished.
 Trained policies are found in the store (checkpoints `train/<policy>/final`, written once
 the adapter folder is complete), so the stage needs no list of them. Each episode is
 committed as it ends; a resumed stage skips the (policy, mode, task) rows it already has.
-The statistics are left to the report, which recomputes them from the rows.
+The statistics are left to the report, which recomputes them from the rows. With eval.mcts,
+each policy also plays the first eval.mcts_tasks test tasks with search at inference
+(offline_agent/search/inference.py: verifier-free MCTS, then the committed episode), stored
+as mode `mcts` one task at a time, so a resumed stage searches only the tasks it lacks.
 Round k >= 2's stage (eval@k) plays the policies train@k finished (named `<policy>@k`), each
 on top of round k's model; base is played once, by round 1's.
 """
@@ -16,13 +19,14 @@ from pathlib import Path
 
 from offline_agent.evaluation import (
     BASE,
+    MCTS_MODE,
     MODE,
     Episode,
     episode_row,
     greedy_episodes,
     summarize,
 )
-from offline_agent.types import Trajectory
+from offline_agent.types import Task, Trajectory
 from pipelines.config import make_env
 from pipelines.rounds import round_model, round_name
 from pipelines.runner import StageContext
@@ -48,46 +52,86 @@ def eval_policies(store, run_dir: Path, r: int = 1) -> dict[str, str | None]:
 
 def run_eval(ctx: StageContext) -> dict:
     cfg, store = ctx.cfg, ctx.store
-    tasks = store.tasks("test")
+    modes = cfg.eval.modes(store.tasks("test"))
     policies = eval_policies(store, ctx.run_dir, ctx.round)
-    total = len(tasks) * len(policies)
-    done = sum(len(store.eval_tasks(p, MODE)) for p in policies)
+    total = sum(len(tasks) for tasks in modes.values()) * len(policies)
+    done = sum(len(store.eval_tasks(p, m)) for p in policies for m in modes)
+    searched: dict[str, dict] = {}
     for name, adapter in policies.items():
-        have = store.eval_tasks(name, MODE)
-        todo = [t for t in tasks if t.id not in have]
-        if not todo:
+        have = {m: store.eval_tasks(name, m) for m in modes}
+        todo = {m: [t for t in tasks if t.id not in have[m]] for m, tasks in modes.items()}
+        if not any(todo.values()):
             continue
-        print(f"eval: {name}: {len(todo)} of {len(tasks)} test tasks to play", flush=True)
+        print(f"eval: {name}: " + ", ".join(f"{len(todo[m])} of {len(modes[m])} test tasks to "
+                                           f"play {m}" for m in modes), flush=True)
 
-        def on_done(t: Trajectory, name: str = name) -> None:
+        def on_done(t: Trajectory, mode: str, name: str = name) -> None:
             nonlocal done
-            store.insert_eval_episodes([episode_row(t, name, MODE)], ctx.stage)
+            store.insert_eval_episodes([episode_row(t, name, mode)], ctx.stage)
             done += 1
             ctx.progress.update(policy=name, episodes_done=done, episodes=total)
 
         model = cfg.model if name == BASE else round_model(cfg, store, ctx.run_dir, ctx.round)
-        _play(ctx, model, adapter, todo, on_done)
-    stats = {}
-    for name in policies:
-        summary = summarize([Episode.from_row(r) for r in store.eval_episodes(name, MODE)],
-                            cfg.eval)
-        stats[name] = {k: summary[k] for k in ("n_tasks", "success_rate", "ci95", "mean_reward")}
+        searched[name] = _play(ctx, model, adapter, todo, on_done)
+    stats = _stats(store, cfg.eval, policies, modes, searched)
     with store.transaction():
         ctx.mark_done(stats)
     return stats
 
 
-def _play(ctx: StageContext, model, adapter: str | None, tasks, on_done) -> None:
-    """Load one policy (`adapter` on `model`), play its tasks, free it before the next
-    policy loads."""
+def _stats(store, eval_cfg, policies, modes, searched: dict[str, dict]) -> dict:
+    """Each policy's summary (`<policy>+mcts` for search at inference, with its searches'
+    totals when this attempt ran them)."""
+    stats = {}
+    for name in policies:
+        for mode in modes:
+            summary = summarize([Episode.from_row(r) for r in store.eval_episodes(name, mode)],
+                                eval_cfg)
+            key = name if mode == MODE else f"{name}+{mode}"
+            stats[key] = {k: summary[k] for k in ("n_tasks", "success_rate", "ci95",
+                                                  "mean_reward")}
+            if mode == MCTS_MODE and name in searched:
+                stats[key]["search"] = searched[name]
+    return stats
+
+
+def inference_critic(ctx: StageContext, policy, env):
+    """The critic search at inference values leaves with: the frozen critic (the policy
+    scoring its own candidates). The learned critic (search.critic: learned) is built here."""
+    from offline_agent.search.critic import Critic
+
+    return Critic(policy, env)
+
+
+def _play(ctx: StageContext, model, adapter: str | None, todo: dict[str, list[Task]],
+          on_done) -> dict:
+    """Load one policy (`adapter` on `model`), play its tasks in each mode, free it before the
+    next policy loads. Returns the totals of its searches at inference (if any ran)."""
     from offline_agent.policy import load_policy
 
     cfg = ctx.cfg
     policy = load_policy(**{**vars(model), "adapter": adapter or model.adapter},
                          seed=cfg.run.seed)
     try:
-        greedy_episodes(policy, lambda: make_env(cfg), tasks, batch_size=cfg.model.max_batch,
-                        on_done=on_done)
+        greedy_episodes(policy, lambda: make_env(cfg), todo[MODE], batch_size=cfg.model.max_batch,
+                        on_done=lambda t: on_done(t, MODE))
+        return _search(ctx, policy, todo.get(MCTS_MODE, []), lambda t: on_done(t, MCTS_MODE))
     finally:
         del policy
         gc.collect()
+
+
+def _search(ctx: StageContext, policy, tasks: list[Task], on_done) -> dict:
+    """Search at inference on `tasks` (offline_agent/search/inference.py); {} for none."""
+    from offline_agent.search.inference import inference_config, search_and_commit
+    from offline_agent.search.searcher import Searcher
+
+    if not tasks:
+        return {}
+    cfg = ctx.cfg
+    search = inference_config(cfg.search, cfg.eval.mcts_simulations)
+    critic = inference_critic(ctx, policy, make_env(cfg))
+    searcher = Searcher(policy, lambda: make_env(cfg), search, critic)
+    totals = search_and_commit(policy, lambda: make_env(cfg), tasks, searcher,
+                               cfg.model.max_batch, on_done)
+    return {k: round(v, 3) for k, v in totals.items()}

@@ -71,6 +71,9 @@ def run_search(ctx: StageContext) -> dict:
     from offline_agent.search.searcher import Searcher
 
     cfg, store = ctx.cfg, ctx.store
+    if not cfg.search.verifier:
+        raise ValueError("search.verifier is false: the search stage's trees feed mining, which "
+                         "needs the env's rewards; verifier-free search is eval.mcts's")
     i, n = cfg.search.shard_index if ctx.round == 1 else (0, 1)
     tasks = store.tasks("train")[i::n]
     tree_ids = round_tree_ids(store.task_index(), ctx.round)

@@ -51,6 +51,7 @@ class CalculatorMath(Env):
             "the answer as a number",
         ),
     ]
+    ending_tools = ("answer",)  # verifier-free search never runs it (Env.ending_tools)
 
     def __init__(self, max_steps: int = 10, seed: int = 0, levels: tuple[int, ...] = (1, 2, 3)):
         super().__init__(max_steps=max_steps, seed=seed)

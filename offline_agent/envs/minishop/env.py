@@ -100,6 +100,7 @@ class ShopState:
 class MiniShop(Env):
     name = "minishop"
     tools = TOOLS
+    ending_tools = ("buy",)  # verifier-free search never runs it (Env.ending_tools)
     stop = ["\n"]  # the model likes to write a fake "Store: ..." line after its action
     state_type = ShopState  # snapshots rebuild it from JSON (tuples stay tuples)
 

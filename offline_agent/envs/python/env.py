@@ -52,6 +52,7 @@ class PythonTasks(Env):
             "submit", "Submit the final code; hidden tests give the score; ends the episode."
         ),
     ]
+    ending_tools = ("submit",)  # verifier-free search never runs it (Env.ending_tools)
 
     def __init__(self, max_steps: int = 10, seed: int = 0, allow_weaker_sandbox: bool = False):
         """`allow_weaker_sandbox`: run code even where a sandbox layer is missing (else a
