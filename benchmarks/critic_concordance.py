@@ -9,7 +9,7 @@ n, per architecture (`--lora-r`, 0: the head on the frozen base). The store is o
 read-only; nothing is written.
 
     PYTHONPATH=. .venv/bin/python benchmarks/critic_concordance.py RUN_DIR [--folds 4]
-        [--lora-r 0 8] [--epochs 200]
+        [--lora-r 0 8] [--epochs 200] [--lora-epochs 4]
 """
 
 from __future__ import annotations
@@ -56,7 +56,10 @@ def main() -> None:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--folds", type=int, default=4)
     ap.add_argument("--lora-r", type=int, nargs="+", default=[0])
-    ap.add_argument("--epochs", type=int, default=None, help="default: critic.epochs")
+    ap.add_argument("--epochs", type=int, default=None, help="head alone; default critic.epochs")
+    ap.add_argument("--lora-epochs", type=int, default=4,
+                    help="with --lora-r > 0: most epochs (each a forward and backward of the "
+                         "data) and the patience")
     args = ap.parse_args()
     cfg = RunConfig.load(args.run_dir / "config.yaml")
     env = make_env(cfg)
@@ -74,7 +77,9 @@ def main() -> None:
     print(f"frozen critic (stored scores): concordance {frozen['concordance']} (n {frozen['n']})")
     device = value_model.resolve_device(cfg.model.device)
     for r in args.lora_r:
-        ccfg = replace(cfg.critic, lora_r=r, epochs=args.epochs or cfg.critic.epochs)
+        epochs = args.lora_epochs if r else args.epochs or cfg.critic.epochs
+        ccfg = replace(cfg.critic, lora_r=r, epochs=epochs,
+                       patience=min(epochs, cfg.critic.patience))
         values, metrics = cross_fitted(items, cfg.model.id, device, ccfg, folds)
         learned = concordance(scored, lambda c, v=values: v.get(c.node_id))["overall"]
         seconds = sum(m["seconds"] for m in metrics)
