@@ -157,7 +157,7 @@ def run_until(tmp_path, model: str, stage: str, critic: str = "learned") -> int:
 
 
 def test_the_critic_stage_fits_records_feeds_mining_and_resumes(tmp_path, tiny_model_dir,
-                                                                monkeypatch):
+                                                                monkeypatch, capsys):
     from pipelines.report_table import CONCORDANCE, FROZEN
     from pipelines.stages import critic as stage
 
@@ -176,6 +176,21 @@ def test_the_critic_stage_fits_records_feeds_mining_and_resumes(tmp_path, tiny_m
                and (n.visits or n.terminal)}
     assert visited <= set(values)  # every child with a target has a value for mining
     assert mine_stats["q_critic"] == f"learned ({len(values)} nodes)"
+    # beside the frozen critic's, in status and in the report
+    from pipelines.cli import main
+    from pipelines.report import build_report
+    from pipelines.report_table import concordance_text
+
+    capsys.readouterr()
+    assert main(["status", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert concordance_text(stats[CONCORDANCE]) in out
+    assert f"frozen {concordance_text(stats[FROZEN])} (same held-out trees)" in out
+    with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
+        report = build_report(s, RunConfig().eval)[CONCORDANCE]
+    assert report["critic: learned, held-out trees"] == stats[CONCORDANCE]
+    assert report["critic: frozen, same trees"] == stats[FROZEN]
+    assert "search" in report
 
     # done: skipped; left failed with its fit recorded: the record is reused, no refit
     monkeypatch.setattr("offline_agent.critic.fit.fit", lambda *a: pytest.fail("refit"))

@@ -11,7 +11,7 @@ from offline_agent.config_fields import config_field as _f
 @dataclass
 class CriticConfig:
     lora_r: int = _f(0, "LoRA rank on the base under the value head; 0: base frozen, only the "
-                        "head learns (measured better on MiniShop, docs/architecture.md)")
+                        "head learns (as good on MiniShop at a fifth of the fit time; docs/results.md)")
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         metadata={"help": "linear layers that get LoRA adapters (with critic.lora_r > 0)"})
