@@ -97,7 +97,7 @@ def search_vs_greedy(policy, envs: list[str], first: int, n: int, cfg: SearchCon
             for tree, result in batch:
                 best[tree.task.id] = max(best[tree.task.id], result.trajectory.reward)
 
-        critic = Critic(policy, make_env()) if cfg.critic == "logprob" else None
+        critic = Critic(policy, make_env()) if cfg.critic != "none" else None  # the frozen one
         stats = Searcher(policy, make_env, cfg, critic).run(
             [Tree.new(t, make_env()) for t in tasks], commit, progress=False)
         print(f"{name:9s} greedy solved {sum(t.success for t in greedy):3d}/{n}  search solved "

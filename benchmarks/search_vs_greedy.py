@@ -74,7 +74,7 @@ def main() -> None:
             best[tree.task.id] = max(best[tree.task.id], result.trajectory.reward)
 
     trees = [Tree.new(t, make_env()) for t in tasks]
-    critic = Critic(policy, make_env()) if cfg.critic == "logprob" else None
+    critic = Critic(policy, make_env()) if cfg.critic != "none" else None  # the frozen one
     stats = Searcher(policy, make_env, cfg, critic).run(trees, commit)
     solved = {task for task, reward in best.items() if reward >= 1.0}
     greedy_mean = sum(t.reward for t in greedy) / len(greedy)

@@ -18,7 +18,7 @@ from offline_agent.extras import MissingExtra, require
 from pipelines.config import ConfigError, RunConfig, help_lines, make_env
 from pipelines.export import ExportError
 from pipelines.progress import ProgressError, read_progress
-from pipelines.report_table import CONCORDANCE, concordance_text
+from pipelines.report_table import CONCORDANCE, FROZEN, concordance_text
 from pipelines.runner import RunError
 from storage import Store, StoreError, StoreInUse, TreeRow, merge_shards
 
@@ -62,8 +62,8 @@ def _run_command(sub) -> None:
         help="run the pipeline (resumes; finished stages are skipped)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=f"Run the stages in order: {stage_names}. With run.iterations = N, "
-        "rounds 2..N (search@k, mine@k, train@k, eval@k) run before report. Re-running the "
-        "same command resumes; finished stages are skipped.",
+        "rounds 2..N (search@k, critic@k, mine@k, train@k, eval@k) run before report. "
+        "Re-running the same command resumes; finished stages are skipped.",
         epilog="config keys (defaults < CONFIG < --set):\n" + "\n".join(help_lines()),
     )
     r.add_argument("config", type=Path, metavar="CONFIG", help="YAML config, e.g. configs/default.yaml")
@@ -210,9 +210,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             status = "interrupted" if row.status == "running" else row.status
             stats = dict(row.stats or {})
             agreement = stats.pop(CONCORDANCE, None)
+            frozen = stats.pop(FROZEN, None)  # the critic stage's: frozen on its held-out trees
             print(f"  {row.stage + shard:<22} {status:<11} {took:>8}  {stats or ''}")
             if agreement is not None:
                 print(f"  {'':<22} {concordance_text(agreement)}")
+            if frozen is not None:
+                print(f"  {'':<22} frozen {concordance_text(frozen)} (same held-out trees)")
         counts = store.counts()
         print("rows: " + ", ".join(f"{t} {counts[t]}" for t in
                                    ("tasks", "trees", "nodes", "trajectories", "pairs",

@@ -23,6 +23,7 @@ import yaml
 
 from offline_agent.config_fields import HELP, is_hashed
 from offline_agent.config_fields import config_field as _f
+from offline_agent.critic.config import CriticConfig
 from offline_agent.envs.base import BUILTIN_ENVS, Env, load_env
 from offline_agent.evaluation import EvalConfig
 from offline_agent.mining.config import MineConfig
@@ -105,6 +106,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     mine: MineConfig = field(default_factory=MineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)

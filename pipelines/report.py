@@ -21,7 +21,7 @@ from offline_agent.evaluation import BASE, MODE, TEST, Episode, EvalConfig, comp
 from offline_agent.search.concordance import concordance
 from pipelines.diagnostics import diagnose
 from pipelines.report_html import render
-from pipelines.report_table import CONCORDANCE
+from pipelines.report_table import CONCORDANCE, FROZEN
 from pipelines.rounds import round_name, stored_rounds, trained_policies
 from pipelines.transcripts import transcripts
 from storage import Store
@@ -139,7 +139,20 @@ def critic_concordance(store: Store) -> dict[str, dict]:
     again from the trees, so a merge of shards counts all of them, and a store searched before
     the search stage recorded the figure shows it too."""
     stages = [round_name("search", r) for r in stored_rounds(store.trees, "search")]
-    return {stage: concordance(store.tree_statistics(stage)) for stage in stages}
+    out = {stage: concordance(store.tree_statistics(stage)) for stage in stages}
+    return {**out, **learned_concordance(store)}
+
+
+def learned_concordance(store: Store) -> dict[str, dict]:
+    """{"<critic stage> learned (held-out)" and "... frozen (same trees)": the concordances the
+    critic stages counted on their held-out trees (pipelines/stages/critic.py)}."""
+    out = {}
+    for row in store.stages():
+        stats = row.stats or {}
+        if row.stage.split("@")[0] == "critic" and CONCORDANCE in stats:
+            out[f"{row.stage}: learned, held-out trees"] = stats[CONCORDANCE]
+            out[f"{row.stage}: frozen, same trees"] = stats[FROZEN]
+    return out
 
 
 def training_curves(store: Store) -> dict[str, list[dict]]:

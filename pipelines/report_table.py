@@ -97,6 +97,7 @@ def paired_test_rows(report: dict) -> list[list[str]]:
 
 # ---- critic concordance (offline_agent/search/concordance.py) -------------------------------
 CONCORDANCE = "critic_concordance"  # its key in a search stage's stats and in report.json
+FROZEN = "frozen_critic_concordance"  # the critic stage's: the frozen critic on its held-out trees
 
 CONCORDANCE_COLUMNS = ["pairs", "concordance", "n", "concordant", "discordant",
                        "tied Q", "tied score", "tied both"]

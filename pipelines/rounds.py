@@ -1,9 +1,9 @@
 """Rounds of `run.iterations`: the names of round k's stages and policies, and its model.
 
-Round 1 is the plain pipeline. Round k >= 2 runs search, mine, train and eval again as
-`search@k`, `mine@k`, `train@k`, `eval@k`; every row a stage writes carries its stage name,
-so each round's trees, episodes, pairs, examples, checkpoints and metrics stay apart (and
-`--force` clears one round only). Round k's trained policies are named `<policy>@k`.
+Round 1 is the plain pipeline. Round k >= 2 runs search, critic, mine, train and eval again
+as `search@k`, `critic@k`, `mine@k`, `train@k`, `eval@k`; every row a stage writes carries
+its stage name, so each round's trees, episodes, pairs, examples, checkpoints and metrics
+stay apart (and `--force` clears one round only). Round k's trained policies are named `<policy>@k`.
 A stage knows its round as data (Stage.round, ctx.round); the name only labels the rows.
 
 Round k >= 2 searches with, and trains a fresh LoRA on top of, the iterate of round k-1:

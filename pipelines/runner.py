@@ -175,12 +175,23 @@ def _changed(stored: dict | None, cfg: RunConfig, stage: Stage) -> bool:
 
 
 def _fill(stored: dict, defaults: dict) -> dict:
-    out = dict(stored)
+    """`stored` with the keys it lacks set to `defaults`', and old names read as new ones."""
+    out = renamed(stored)
     for key, value in defaults.items():
         if key not in out:
             out[key] = value
         elif isinstance(value, dict) and isinstance(out[key], dict):
             out[key] = _fill(out[key], value)
+    return out
+
+
+def renamed(stored: dict) -> dict:
+    """A stored config with values renamed since read as their new names: search.critic
+    `logprob` is `frozen` (issue 23), as SearchConfig reads it."""
+    out = dict(stored)
+    search = out.get("search")
+    if isinstance(search, dict) and search.get("critic") == "logprob":
+        out["search"] = {**search, "critic": "frozen"}
     return out
 
 

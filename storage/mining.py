@@ -10,6 +10,10 @@ SQL and Python return identical pairs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import pyarrow as pa
+
 from offline_agent.types import StepPair, StepPairParams
 from storage.rows import NodeRow
 from storage.store import Store, _where
@@ -33,10 +37,10 @@ def _query(edges: tuple[float, ...], stage_clause: str) -> str:
                 n.terminal OR n.visits >= $min_visits AS counted,
                 CASE WHEN n.visits > 0 THEN n.value_sum / n.visits
                      ELSE coalesce(n.ending, 0.0) END AS q_mcts,
-                coalesce(n.critic_score,
+                coalesce(cv.value, n.critic_score,
                          1.0 / count(*) OVER (PARTITION BY n.parent_id)) AS q_critic
             FROM nodes n JOIN searched USING (tree_id) JOIN trees t USING (tree_id)
-                JOIN tasks tk USING (task_id)
+                JOIN tasks tk USING (task_id) LEFT JOIN _critic_values cv USING (node_id)
             WHERE n.parent_id IS NOT NULL),
         valued AS (  -- offline_agent.mining.value.child_value
             SELECT *, CASE WHEN terminal THEN coalesce(reward, 0.0)
@@ -64,17 +68,21 @@ def _query(edges: tuple[float, ...], stage_clause: str) -> str:
         FROM all_ranked"""
 
 
-def select_step_pairs(store: Store, params: StepPairParams,
-                      stage: str | None = None) -> tuple[list[StepPair], dict[str, int]]:
+def select_step_pairs(store: Store, params: StepPairParams, stage: str | None = None,
+                      critic: Mapping[int, float] | None = None
+                      ) -> tuple[list[StepPair], dict[str, int]]:
     """Step-level pairs of every stored tree (those `stage` searched, when given), mined and
-    balanced in one SQL pass. Returns the kept pairs (task, node, chosen, rejected order)
-    and counts: candidates, after_node_cap, after_task_cap, kept."""
+    balanced in one SQL pass. `critic` (node id -> value: the learned critic's) replaces the
+    stored critic scores in Q_critic where it has a node. Returns the kept pairs (task, node,
+    chosen, rejected order) and counts: candidates, after_node_cap, after_task_cap, kept."""
     stage_clause, stage_params = _where(stage=stage)
-    store._sql(_query(params.margin_bins, stage_clause), {
-        **stage_params, "alpha": params.alpha, "theta": params.theta,
-        "min_visits": params.min_visits, "seed": str(params.seed),
-        "invalid": params.invalid_rejected, "per_node": params.max_pairs_per_node,
-        "per_task": params.max_pairs_per_task, "total": params.max_pairs or (1 << 62)})
+    values = pa.table({"node_id": pa.array(list(critic or {}), pa.int64()),
+                       "value": pa.array(list((critic or {}).values()), pa.float64())})
+    store.con.register("_critic_values", values)
+    try:
+        _run_query(store, params, stage_clause, stage_params)
+    finally:
+        store.con.unregister("_critic_values")
     rows = store._sql("SELECT task_id, env, node_id, chosen_id, rejected_id, chosen_q, "
                       "rejected_q, margin, bin FROM _step_pairs WHERE kept "
                       "ORDER BY task_id, node_id, chosen_id, rejected_id")
@@ -84,6 +92,15 @@ def select_step_pairs(store: Store, params: StepPairParams,
     stats = dict(zip(("candidates", "after_node_cap", "after_task_cap", "kept"),
                      [c or 0 for c in counts]))
     return [StepPair(*r) for r in rows], stats
+
+
+def _run_query(store: Store, params: StepPairParams, stage_clause: str,
+               stage_params: dict) -> None:
+    store._sql(_query(params.margin_bins, stage_clause), {
+        **stage_params, "alpha": params.alpha, "theta": params.theta,
+        "min_visits": params.min_visits, "seed": str(params.seed),
+        "invalid": params.invalid_rejected, "per_node": params.max_pairs_per_node,
+        "per_task": params.max_pairs_per_task, "total": params.max_pairs or (1 << 62)})
 
 
 def step_pair_inputs(store: Store) -> tuple[list[NodeRow], dict[int, tuple[str, str]]]:

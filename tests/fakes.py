@@ -130,3 +130,7 @@ class UndeclaredSubmitCorridor(SubmitCorridor):
 
     name = "undeclared-submit-corridor"
     ending_tools = ()
+class MinedCorridor(ListedCorridor):
+    """ListedCorridor under its tasks' env name, so the mine stage takes its trees."""
+
+    name = "corridor"

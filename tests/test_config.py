@@ -133,14 +133,15 @@ def test_help_strings_are_one_or_two_lines():
 
 
 def test_search_k_above_the_critic_limit_is_refused_at_load(tmp_path, capsys):
-    """The logprob critic names each action with one letter; a larger k is a config error
+    """The frozen critic names each action with one letter; a larger k is a config error
     (naming the key and the limit) before any run directory or model exists."""
     from offline_agent.search.requests import LABELS, MAX_ACTIONS
     from pipelines.cli import main
 
     assert MAX_ACTIONS == len(LABELS) == 16
     assert RunConfig.load(None, [f"search.k={MAX_ACTIONS}"]).search.k == MAX_ACTIONS
-    with pytest.raises(ConfigError, match=r"search\.k is 17, but the logprob critic ranks at "
+    with pytest.raises(ConfigError, match=r"search\.k is 17, but the frozen critic \(also "
+                                          r"round 1's with search\.critic=learned\) ranks at "
                                           r"most 16 actions"):
         RunConfig.load(None, ["search.k=17"])
     # without the critic nothing ranks the children, so nothing limits k

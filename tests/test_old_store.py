@@ -45,7 +45,9 @@ def test_a_store_from_572c828_opens_resumes_and_remines_identically(tmp_path, ca
     run = ["run", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--until", "mine"]
     assert main(run) == 0  # opens (migrates) and resumes: every stage is done already
     out = capsys.readouterr().out
-    assert out.count("already done") == 4 and ": running" not in out, out
+    # but stage critic, added after that store (issue 23): a no-op under search.critic logprob
+    assert out.count("already done") == 4 and out.count(": running") == 1, out
+    assert "stage critic: running" in out and "'search.critic is not learned'" in out, out
     with Store(run_dir / "store.duckdb") as s:
         assert s.schema_version == SCHEMA_VERSION
         before = stored(s)

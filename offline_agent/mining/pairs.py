@@ -53,15 +53,19 @@ def step_params(cfg: MineConfig) -> StepPairParams:
 
 
 def step_candidates(nodes: Sequence[StoredChild], tasks: Mapping[int, tuple[str, str]],
-                    params: StepPairParams) -> list[StepPair]:
-    """Every sibling pair whose Q differs by >= theta. `tasks`: tree id -> (task id, env)."""
+                    params: StepPairParams,
+                    critic: Mapping[int, float] | None = None) -> list[StepPair]:
+    """Every sibling pair whose Q differs by >= theta. `tasks`: tree id -> (task id, env);
+    `critic`: node id -> the learned critic's value (value.child_value's `learned`)."""
+    critic = critic or {}
     children = defaultdict(list)
     for row in nodes:
         if row.parent_id is not None:
             children[row.parent_id].append(row)
     out = []
     for parent, kids in children.items():
-        valued = [(row, child_value(row, len(kids), params.alpha)) for row in kids
+        valued = [(row, child_value(row, len(kids), params.alpha, critic.get(row.node_id)))
+                  for row in kids
                   if (row.terminal or row.visits >= params.min_visits)
                   and (params.invalid_rejected or not row.invalid)]
         for c, qc in valued:
@@ -91,8 +95,9 @@ def balance_step_pairs(pairs: list[StepPair], params: StepPairParams) -> list[St
 
 
 def step_pairs(nodes: Sequence[StoredChild], tasks: Mapping[int, tuple[str, str]],
-               params: StepPairParams) -> list[StepPair]:
-    return balance_step_pairs(step_candidates(nodes, tasks, params), params)
+               params: StepPairParams,
+               critic: Mapping[int, float] | None = None) -> list[StepPair]:
+    return balance_step_pairs(step_candidates(nodes, tasks, params, critic), params)
 
 
 def action_sequence(steps: list[dict]) -> str:

@@ -9,6 +9,9 @@ at once; tests/test_mining.py checks the two agree row for row (the Python oracl
                         child counts only with mine.min_visits 0)
 
 `critic` is the child's critic score, or 1/(number of siblings) without one, as in selection.
+With a learned critic fitted (search.critic: learned, stage `critic`), `critic` is its value
+V(state, action) of the child instead (offline_agent/critic/; the stage predicts every node of
+the round's trees, and mining passes those predictions in place of the stored scores).
 
 Why a terminal child is worth its reward alone: eq. 10 mixes an estimate of the return
 (Q_mcts, a mean over a few rollouts) with the critic's guess because the return is unknown.
@@ -42,11 +45,12 @@ class Child(Protocol):
     critic_score: float | None
 
 
-def child_value(child: Child, siblings: int, alpha: float) -> float:
-    """Q of one child of a node with `siblings` children (itself included); see the module."""
+def child_value(child: Child, siblings: int, alpha: float, learned: float | None = None) -> float:
+    """Q of one child of a node with `siblings` children (itself included); `learned`: the
+    learned critic's value of it, which replaces the stored score; see the module."""
     if child.terminal:
         return child.reward if child.reward is not None else 0.0
-    critic = child.critic_score if child.critic_score is not None else 1.0 / siblings
+    critic = next((c for c in (learned, child.critic_score) if c is not None), 1.0 / siblings)
     if child.visits > 0:
         q_mcts = child.value_sum / child.visits
     else:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from offline_agent.config_fields import config_field as _f
 from offline_agent.search.requests import MAX_ACTIONS
 
+CRITICS = ("frozen", "learned", "none")
+
 
 @dataclass
 class SearchConfig:
@@ -29,7 +31,9 @@ class SearchConfig:
     finish: bool = _f(True, "try the listed actions that end the episode on snapshots, without "
                             "model calls (docs/architecture.md); off where ending is costly")
     step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")
-    critic: str = _f("logprob", "logprob: one batched scoring of choice labels; none: uniform")
+    critic: str = _f("frozen", "frozen: the base model ranks the proposals (old name logprob, "
+                               "still accepted); learned: stage critic's value model (round 1: "
+                               "frozen); none: uniform")
     leaf_value: str = _f("rollout", "a new leaf's value: rollout (to a terminal state), critic "
                                     "(its score, no rollout; changes the trees) or mix (their "
                                     "mean); docs/architecture.md")
@@ -41,10 +45,13 @@ class SearchConfig:
                     hashed=False)
 
     def __post_init__(self):
+        if self.critic == "logprob":  # the frozen critic's name before issue 23
+            self.critic = "frozen"
         if self.selection not in ("ucb1", "puct"):
             raise ValueError(f"search.selection must be ucb1 or puct, got {self.selection!r}")
-        if self.critic not in ("logprob", "none"):
-            raise ValueError(f"search.critic must be logprob or none, got {self.critic!r}")
+        if self.critic not in CRITICS:
+            raise ValueError(f"search.critic must be one of {', '.join(CRITICS)} (or logprob, "
+                             f"frozen's old name), got {self.critic!r}")
         self._check_leaf_value()
         i, _, n = self.shard.partition("/")
         if not (i.isdigit() and n.isdigit() and int(i) < int(n)):
@@ -56,8 +63,9 @@ class SearchConfig:
         for name in ("simulations", "k", "oversample", "max_depth", "trees_per_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"search.{name} must be >= 1")
-        if self.critic == "logprob" and self.k > MAX_ACTIONS:
-            raise ValueError(f"search.k is {self.k}, but the logprob critic ranks at most "
+        if self.critic != "none" and self.k > MAX_ACTIONS:
+            raise ValueError(f"search.k is {self.k}, but the frozen critic (also round 1's with "
+                             f"search.critic=learned) ranks at most "
                              f"{MAX_ACTIONS} actions (one letter each); lower search.k or "
                              "set search.critic: none")
 

@@ -24,7 +24,7 @@ from offline_agent.search.mcts import Node, Tree
 from offline_agent.search.searcher import Searcher
 from offline_agent.types import Task, Trajectory
 
-FROZEN = "logprob"  # the frozen critic's search.critic name, used when the run has none
+FROZEN = "frozen"  # the frozen critic's search.critic name, used when the run has none
 
 
 def inference_config(search: SearchConfig, simulations: int) -> SearchConfig:

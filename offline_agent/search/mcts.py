@@ -177,11 +177,15 @@ def select_child(tree: Tree, node: Node, cfg: SearchConfig) -> Node:
     """The child maximising UCB1 (or PUCT); ties go to the earlier child."""
     children = [tree.nodes[i] for i in node.children]
     uniform = 1.0 / len(children)
+    # PUCT's prior is a share among siblings: the frozen critic's scores are one already, a
+    # learned critic's are predicted returns
+    scored = sum(c.critic_score or 0.0 for c in children)
 
     def score(child: Node) -> float:
         value = child_value(child, cfg.alpha, uniform, cfg.verifier)
         if cfg.selection == "puct":
-            prior = uniform if child.critic_score is None else child.critic_score
+            prior = (uniform if child.critic_score is None or scored <= 0
+                     else child.critic_score / scored)
             return puct(value, prior, node.visits, child.visits, cfg.c)
         return ucb1(value, node.visits, child.visits, cfg.c)
 

@@ -127,14 +127,19 @@ def pack(seqs: list[Encoded]) -> Packed:
                 rows.append(path[i - 1])
                 targets.append(seq.ids[i])
                 owner.append(s)
+    return Packed(torch.tensor([trie.token]), torch.tensor([trie.depth]), ancestors(trie),
+                  torch.tensor(rows), torch.tensor(targets), torch.tensor(owner), len(seqs))
+
+
+def ancestors(trie: Trie) -> torch.Tensor:
+    """(L, L) bool: node (row) attends to node (column): its ancestors and itself."""
     n = len(trie)
     allowed = torch.zeros(n, n, dtype=torch.bool)
     for node, parent in enumerate(trie.parent):  # parents come first: copy their row
         if parent >= 0:
             allowed[node] = allowed[parent]
         allowed[node, node] = True
-    return Packed(torch.tensor([trie.token]), torch.tensor([trie.depth]), allowed,
-                  torch.tensor(rows), torch.tensor(targets), torch.tensor(owner), len(seqs))
+    return allowed
 
 
 def groups(items: list[list[Encoded]], budget: int) -> list[list[int]]:

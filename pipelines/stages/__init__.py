@@ -1,6 +1,6 @@
 """The pipeline, in order. Each stage: (name, config sections its results depend on, function).
-With run.iterations = N, rounds 2..N (search@k, mine@k, train@k, eval@k) follow round 1's
-eval; the report comes last (pipelines/rounds.py). Each Stage carries its round, which
+With run.iterations = N, rounds 2..N (search@k, critic@k, mine@k, train@k, eval@k) follow
+round 1's eval; the report comes last (pipelines/rounds.py). Each Stage carries its round, which
 the stage function reads as ctx.round.
 
 Stage modules import heavy libraries (torch, transformers) inside their functions, so that
@@ -10,6 +10,7 @@ Stage modules import heavy libraries (torch, transformers) inside their function
 from pipelines.rounds import round_name
 from pipelines.runner import Stage
 from pipelines.stages.baseline import run_baseline
+from pipelines.stages.critic import run_critic
 from pipelines.stages.eval import run_eval
 from pipelines.stages.export import run_export
 from pipelines.stages.grpo import run_grpo
@@ -28,20 +29,24 @@ STAGES: list[Stage] = [
     Stage("tasks", ("run", "env"), run_tasks),
     Stage("baseline", ("run", "env", "model"), run_baseline, shard=search_shard),
     Stage("search", ("run", "env", "model", "search"), run_search, shard=search_shard),
-    Stage("mine", ("run", "env", "model", "search", "mine"), run_mine),
-    Stage("export", ("run", "env", "model", "search", "mine"), run_export),
-    Stage("train", ("run", "env", "model", "search", "mine", "train"), run_train),
-    Stage("grpo", ("run", "env", "model", "search", "mine", "train", "grpo"), run_grpo),
+    # fits the learned critic (search.critic: learned) that mining's eq. 10 reads
+    Stage("critic", ("run", "env", "model", "search", "critic"), run_critic),
+    Stage("mine", ("run", "env", "model", "search", "critic", "mine"), run_mine),
+    Stage("export", ("run", "env", "model", "search", "critic", "mine"), run_export),
+    Stage("train", ("run", "env", "model", "search", "critic", "mine", "train"), run_train),
+    Stage("grpo", ("run", "env", "model", "search", "critic", "mine", "train", "grpo"), run_grpo),
     # eval depends on everything that made the adapters it evaluates
-    Stage("eval", ("run", "env", "model", "search", "mine", "train", "grpo", "eval"), run_eval),
+    Stage("eval", ("run", "env", "model", "search", "critic", "mine", "train", "grpo", "eval"),
+          run_eval),
     # Reads only what earlier stages stored; `offline-agent report RUN_DIR` re-renders it.
     Stage("report", (), run_report),
 ]
 
 # Round k >= 2 searches with the policy round k-1 trained: its stages depend on every section
 # that made it. They are never sharded (a shard run holds them; run them on the merged run).
-ROUND = [("search", run_search), ("mine", run_mine), ("train", run_train), ("eval", run_eval)]
-ROUND_SECTIONS = ("run", "env", "model", "search", "mine", "train")
+ROUND = [("search", run_search), ("critic", run_critic), ("mine", run_mine),
+         ("train", run_train), ("eval", run_eval)]
+ROUND_SECTIONS = ("run", "env", "model", "search", "critic", "mine", "train")
 
 
 def pipeline(iterations: int) -> list[Stage]:

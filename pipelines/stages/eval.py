@@ -29,7 +29,7 @@ from offline_agent.evaluation import (
 from offline_agent.types import Task, Trajectory
 from pipelines.config import make_env
 from pipelines.rounds import round_model, round_name
-from pipelines.runner import StageContext
+from pipelines.runner import RunError, StageContext
 
 
 def eval_policies(store, run_dir: Path, r: int = 1) -> dict[str, str | None]:
@@ -96,11 +96,23 @@ def _stats(store, eval_cfg, policies, modes, searched: dict[str, dict]) -> dict:
 
 
 def inference_critic(ctx: StageContext, policy, env):
-    """The critic search at inference values leaves with: the frozen critic (the policy
-    scoring its own candidates). The learned critic (search.critic: learned) is built here."""
+    """The critic search at inference values leaves with: with search.critic learned, the
+    value model this round's critic stage fitted on the train tasks' trees; else the frozen
+    critic (the policy scoring its own candidates)."""
     from offline_agent.search.critic import Critic
 
-    return Critic(policy, env)
+    if ctx.cfg.search.critic != "learned":
+        return Critic(policy, env)
+    from offline_agent.critic.learned import LearnedCritic
+    from offline_agent.critic.value_model import resolve_device
+    from pipelines.stages.critic import fitted_folder
+
+    folder = fitted_folder(ctx.store, ctx.run_dir, ctx.round)
+    if folder is None:
+        raise RunError(f"eval.mcts with search.critic learned, but "
+                       f"{round_name('critic', ctx.round)!r} has fitted no critic")
+    return LearnedCritic.load(folder, env, resolve_device(ctx.cfg.model.device),
+                              ctx.cfg.critic.pack_tokens)
 
 
 def _play(ctx: StageContext, model, adapter: str | None, todo: dict[str, list[Task]],

@@ -7,6 +7,10 @@ rollouts and greedy baseline) of the train tasks. Its pairs and examples land in
 transaction with the stage's done mark; `--force` after a change of `mine.*` re-mines from
 the stored trees without searching again.
 
+With search.critic learned, Q_critic of eq. 10 is the learned critic's value of each child,
+which the round's critic stage (critic@k) predicted for every node it fitted on
+(pipelines/stages/critic.py), in place of the stored frozen scores.
+
 Round k's mine stage reads only round k's trees and episodes: round 1's search and the
 greedy baseline, round k >= 2 its own search@k (pipelines/rounds.py); its pair and
 example ids start at (k - 1) * IDS_PER_ROUND.
@@ -19,6 +23,7 @@ from offline_agent.mining.pairs import step_params
 from pipelines.config import RunConfig, make_env
 from pipelines.rounds import round_name
 from pipelines.runner import StageContext
+from pipelines.stages.critic import learned_values
 from storage import IDS_PER_ROUND, Store, select_step_pairs
 
 
@@ -28,11 +33,12 @@ def sources(r: int) -> list[tuple[str, str]]:
     return search + [("greedy", "baseline")] if r == 1 else search
 
 
-def mine_inputs(store: Store, cfg: RunConfig, r: int) -> MineInputs:
-    """What round r mines, read from the store."""
+def mine_inputs(store: Store, cfg: RunConfig, r: int,
+                critic: dict[int, float] | None = None) -> MineInputs:
+    """What round r mines, read from the store; `critic`: the learned critic's values."""
     search = round_name("search", r)
     tasks = {t.id: t for t in store.tasks("train")}
-    kept, counts = select_step_pairs(store, step_params(cfg.mine), stage=search)
+    kept, counts = select_step_pairs(store, step_params(cfg.mine), stage=search, critic=critic)
     trees = {t.task_id: t.tree_id for t in store.trees(search)}
     nodes = {n.node_id: n for n in store.tree_edges(sorted({trees[p.task_id] for p in kept}))}
     trajs = [t for src, stage in sources(r)
@@ -43,8 +49,12 @@ def mine_inputs(store: Store, cfg: RunConfig, r: int) -> MineInputs:
 
 def run_mine(ctx: StageContext) -> dict:
     cfg, store = ctx.cfg, ctx.store
-    mined = mine(mine_inputs(store, cfg, ctx.round), cfg.mine, lambda: make_env(cfg),
+    learned = (learned_values(store, ctx.run_dir, ctx.round)
+               if cfg.search.critic == "learned" else None)
+    mined = mine(mine_inputs(store, cfg, ctx.round, learned), cfg.mine, lambda: make_env(cfg),
                  ctx.progress.update)
+    if learned is not None:
+        mined.stats["q_critic"] = f"learned ({len(learned)} nodes)"
     with store.transaction():
         store.insert_pairs(mined.pairs, ctx.stage)
         store.insert_examples(mined.examples, ctx.stage)

@@ -1,0 +1,38 @@
+"""Settings of the learned critic's fit (stage `critic`). Lives beside the algorithm so
+`offline_agent` never imports `pipelines`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from offline_agent.config_fields import config_field as _f
+
+
+@dataclass
+class CriticConfig:
+    lora_r: int = _f(0, "LoRA rank on the base under the value head; 0: base frozen, only the "
+                        "head learns (as good on MiniShop at a fifth of the fit time; docs/results.md)")
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        metadata={"help": "linear layers that get LoRA adapters (with critic.lora_r > 0)"})
+    lr: float = _f(1e-3, "learning rate (AdamW) of the head and the LoRA weights")
+    weight_decay: float = _f(0.01, "AdamW weight decay")
+    epochs: int = _f(200, "most passes over the training trees; validation stops it earlier")
+    patience: int = _f(20, "stop after this many epochs without a lower validation loss; the "
+                           "best epoch's weights are kept")
+    holdout: float = _f(0.25, "share of the train tasks whose trees are held out (by task) for "
+                              "validation, early stopping and the concordance figure")
+    pack_tokens: int = _f(8192, "most tokens in one forward: states and their actions are "
+                                "packed into prefix tries of at most this size")
+    seed: int = _f(0, "seed of the task split, data order and initialisation")
+
+    def __post_init__(self):
+        if self.lora_r < 0:
+            raise ValueError(f"critic.lora_r must be >= 0, got {self.lora_r}")
+        if not 0 <= self.holdout < 1:
+            raise ValueError(f"critic.holdout must be in [0, 1), got {self.holdout}")
+        for name in ("epochs", "patience", "pack_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"critic.{name} must be >= 1")
+        if self.lr <= 0 or self.weight_decay < 0:
+            raise ValueError("critic.lr must be > 0 and critic.weight_decay >= 0")

@@ -1,0 +1,47 @@
+"""The learned critic in search and mining: the frozen Critic's interface, values from the
+value model.
+
+`score` answers Critique requests as search.critic.Critic does, one list per request in its
+actions' order, higher is better; here the numbers are predicted returns V(state, action),
+not shares that sum to 1. All requests of a tick go in tries of at most `budget` tokens: one
+forward per trie, each state's prompt computed once for all its actions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from offline_agent.chat import history_messages
+from offline_agent.critic import value_model
+from offline_agent.critic.value_model import ValueModel, encode_actions, pack_values
+from offline_agent.envs.base import Env
+from offline_agent.search.requests import Critique
+from offline_agent.training.logprobs import Encoded, groups
+
+
+class LearnedCritic:
+    def __init__(self, model: ValueModel, tokenizer, env: Env, budget: int = 8192):
+        self.model, self.tokenizer, self.budget = model, tokenizer, budget
+        self.system, self.demo = env.system_prompt(), env.demonstration()
+
+    @classmethod
+    def load(cls, folder: str | Path, env: Env, device: str = "cpu",
+             budget: int = 8192) -> LearnedCritic:
+        """The value model saved in `folder` (value_model.save), with its base's tokenizer."""
+        tokenizer = value_model.load_tokenizer(value_model.base_of(folder))
+        return cls(value_model.load(folder, device), tokenizer, env, budget)
+
+    def score(self, requests: list[Critique]) -> list[list[float]]:
+        seqs = [encode_actions(self.tokenizer, history_messages(
+            self.system, r.task.instruction, r.first_observation, r.steps, self.demo), r.actions)
+            for r in requests]
+        out: list[list[float]] = [[] for _ in requests]
+        with torch.no_grad():
+            for group in groups([[Encoded(ids, []) for ids in s] for s in seqs], self.budget):
+                values = iter(self.model(pack_values([ids for i in group for ids in seqs[i]]))
+                              .tolist())
+                for i in group:
+                    out[i] = [next(values) for _ in seqs[i]]
+        return out

@@ -1,0 +1,81 @@
+"""What the value model learns from a stored tree: one target and weight per child, pure.
+
+A child is the action taken at its parent's state. Its target is the return search measured
+for it: a terminal child's reward (exact: the env scored the episode's end), a visited
+child's Q_mcts = value_sum / visits (a Monte Carlo mean of that many returns, so weighted by
+its visit count). An unvisited non-terminal child has no return yet: no target. A terminal
+child weighs max(visits, 1): its value is known even when never selected.
+
+Children are grouped by parent (a `Family`): one forward of the parent's prompt with every
+child's action as a branch scores them all (value_model.py). Validation holds out whole
+tasks (`split_tasks`), so no held-out target shares a prompt with a trained one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class StoredChild(Protocol):
+    """What targets read of a stored node (a storage NodeRow has these fields)."""
+
+    node_id: int
+    parent_id: int | None
+    visits: int
+    value_sum: float
+    terminal: bool
+    reward: float | None
+
+
+@dataclass(frozen=True)
+class Target:
+    node_id: int
+    value: float  # the return to predict
+    weight: float  # how many returns it stands for
+
+
+@dataclass(frozen=True)
+class Family:
+    """The children with a target of one expanded node (`parent_id`), in node id order."""
+
+    parent_id: int
+    children: list[Target]
+
+
+def target(child: StoredChild) -> Target | None:
+    """The child's target and weight, or None (an unvisited non-terminal child)."""
+    if child.terminal:
+        reward = child.reward if child.reward is not None else 0.0
+        return Target(child.node_id, reward, float(max(child.visits, 1)))
+    if child.visits < 1:
+        return None
+    return Target(child.node_id, child.value_sum / child.visits, float(child.visits))
+
+
+def families(nodes: Sequence[StoredChild]) -> list[Family]:
+    """Every expanded node of a tree with the targets of its children; none without one."""
+    by_parent: dict[int, list[Target]] = {}
+    for node in sorted(nodes, key=lambda n: n.node_id):
+        if node.parent_id is not None and (t := target(node)) is not None:
+            by_parent.setdefault(node.parent_id, []).append(t)
+    return [Family(p, kids) for p, kids in sorted(by_parent.items())]
+
+
+def split_tasks(task_ids: Sequence[str], holdout: float, seed: int) -> tuple[list[str], list[str]]:
+    """(train, validation) task ids: a seeded hash order, its last round(holdout * n) held out
+    (at least one when holdout > 0 and there are two tasks or more)."""
+    order = sorted(set(task_ids), key=lambda t: hashlib.md5(f"{seed}:{t}".encode()).hexdigest())
+    n_val = round(holdout * len(order))
+    if holdout > 0 and len(order) > 1:
+        n_val = min(max(n_val, 1), len(order) - 1)
+    cut = len(order) - n_val
+    return sorted(order[:cut]), sorted(order[cut:])
+
+
+def weighted_mse(pred: Sequence[float], targets: Sequence[Target]) -> float:
+    """sum w (v - t)^2 / sum w: the loss the fit minimises, in plain Python for reports."""
+    total = sum(t.weight for t in targets)
+    return sum(t.weight * (p - t.value) ** 2 for p, t in zip(pred, targets)) / max(total, 1e-12)

@@ -1,0 +1,252 @@
+"""The learned critic (offline_agent/critic/): targets and weights of a hand-built tree, the
+value loss falling on a tiny model (seeded), LearnedCritic.score's shape and order, mining's
+eq. 10 with learned values (SQL = Python), the `critic` stage (records, skips, resumes), and
+the config (bad values refused, `logprob` read as `frozen`)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from offline_agent.critic.config import CriticConfig
+from offline_agent.critic.targets import Target, families, split_tasks, target, weighted_mse
+from offline_agent.mining.config import MineConfig
+from offline_agent.mining.pairs import step_pairs, step_params
+from offline_agent.search.requests import Critique
+from offline_agent.types import Step, Task
+from pipelines.config import ConfigError, RunConfig
+from storage import Store, make_node_id, select_step_pairs, step_pair_inputs
+from tests.rows import node_row as node
+from tests.test_mining import random_trees, store_with
+
+
+def hand_tree() -> list:
+    """Root with a (visited twice, returns sum 1.5), b (never visited), c (terminal, reward
+    1, never visited), d (terminal without a reward, visited once); under a: e (visited)."""
+    return [node(0, 0, visits=3, value_sum=2.0, action=""),
+            node(0, 1, 0, visits=2, value_sum=1.5, action="a"),
+            node(0, 2, 0, action="b"),
+            node(0, 3, 0, terminal=True, reward=1.0, action="c"),
+            node(0, 4, 0, visits=1, value_sum=0.2, terminal=True, action="d"),
+            node(0, 5, 1, depth=2, visits=1, value_sum=0.5, action="e")]
+
+
+def test_targets_and_weights_on_a_hand_built_tree():
+    rows = hand_tree()
+    nid = lambda i: make_node_id(0, i)  # noqa: E731
+    assert target(rows[0]) == Target(nid(0), 2.0 / 3, 3.0)  # a root has Q too, but no parent
+    fams = families(rows)
+    assert [f.parent_id for f in fams] == [nid(0), nid(1)]
+    assert fams[0].children == [
+        Target(nid(1), 0.75, 2.0),  # Q_mcts, weighted by its visits
+        Target(nid(3), 1.0, 1.0),  # terminal: its reward, weight at least 1
+        Target(nid(4), 0.0, 1.0)]  # terminal with no reward: 0 (its mean return .2 is not used)
+    assert fams[1].children == [Target(nid(5), 0.5, 1.0)]  # b, unvisited: no target
+    assert weighted_mse([0.75, 0.0, 0.0], fams[0].children) == pytest.approx(1.0 / 4)
+
+
+def test_tasks_are_held_out_whole_seeded_and_never_all():
+    ids = [f"t{i}" for i in range(8)]
+    train, val = split_tasks(ids, 0.25, seed=0)
+    assert len(val) == 2 and sorted(train + val) == ids
+    assert split_tasks(ids, 0.25, seed=0) == (train, val)
+    assert split_tasks(ids, 0.25, seed=1) != (train, val)
+    assert split_tasks(["a", "b"], 0.9, 0)[0]  # one task always trains
+    assert split_tasks(ids, 0.0, 0) == (ids, [])
+
+
+# ---- the value model on the tiny random Llama -----------------------------------------------
+def tiny_trees(tokenizer) -> list:
+    """Two tasks' trees whose returns depend on the action's text: `good` 1, `bad` 0."""
+    from offline_agent.critic.fit import encode_tree
+
+    items = []
+    for t in range(4):
+        rows = [node(t, 0, visits=4, value_sum=2.0, observation=f"page {t}")]
+        for j, word in enumerate(["good", "bad", "good idea", "bad idea"]):
+            q = 1.0 if word.startswith("good") else 0.0
+            rows.append(node(t, j + 1, 0, visits=1, value_sum=q, action=word, observation="ok"))
+        task = Task(f"task{t}", "fake", f"do {t}")
+        items += encode_tree(tokenizer, "You act.", [], task, rows)
+    return items
+
+
+@pytest.mark.parametrize("lora_r", [0, 4])
+def test_the_value_loss_falls_on_a_tiny_model(tiny_model_dir, tokenizer, lora_r):
+    from offline_agent.critic import value_model
+    from offline_agent.critic.fit import fit, predict, weighted_mean
+
+    items = tiny_trees(tokenizer)
+    cfg = CriticConfig(lora_r=lora_r, lr=1e-2, epochs=30, patience=30, holdout=0.0, seed=0)
+    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), lora_r, 0,
+                              cfg.target_modules)
+    targets = [t for i in items for t in i.targets]
+    before = weighted_mse([weighted_mean(items)] * len(targets), targets)  # where it starts
+    fitted = fit(model, items, cfg)
+    values = predict(fitted.model, items, cfg.pack_tokens)
+    after = weighted_mse([values[t.node_id] for t in targets], targets)
+    assert after < 0.5 * before
+    again = fit(value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), lora_r, 0,
+                                  cfg.target_modules), tiny_trees(tokenizer), cfg)
+    assert again.metrics == fitted.metrics  # seeded
+
+
+def test_learned_critic_scores_in_request_order_as_one_forward_each(tiny_model_dir, tokenizer,
+                                                                    tmp_path):
+    """Requests of different sizes, packed together: one list per request, one value per
+    action in order, equal to scoring each action alone (the trie changes nothing)."""
+    import torch
+
+    from offline_agent.critic import value_model
+    from offline_agent.critic.learned import LearnedCritic
+    from tests.fakes import FakeEnv
+
+    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), 2, 0, ["q_proj"])
+    torch.manual_seed(1)  # a head that reads something: its zero init values all alike
+    torch.nn.init.normal_(model.head.weight, std=1.0)
+    value_model.save(model, tmp_path / "v", tiny_model_dir, 2)
+    critic = LearnedCritic.load(tmp_path / "v", FakeEnv(), budget=4096)
+    task = Task("t", "fake", "do it")
+    step = Step(action="look", observation="a page")
+    requests = [Critique(task, "start", [], ["finish", "look", "wait"]),
+                Critique(task, "start", [step], ["finish", "buy"]),
+                Critique(task, "start", [], ["look"])]
+    scores = critic.score(requests)
+    assert [len(s) for s in scores] == [3, 2, 1]
+    alone = [[critic.score([Critique(r.task, r.first_observation, r.steps, [a])])[0][0]
+              for a in r.actions] for r in requests]
+    for got, want in zip(scores, alone):
+        assert got == pytest.approx(want, abs=1e-4)
+    assert len({round(v, 4) for s in scores for v in s}) > 2  # the actions are told apart
+    assert scores[0][1] == pytest.approx(scores[2][0], abs=1e-4)  # same state, same action
+
+
+# ---- mining with learned values ------------------------------------------------------------
+def test_mining_reads_the_learned_values_in_sql_as_in_python(tmp_path):
+    import random
+
+    cfg = MineConfig(theta=0.05, alpha=0.3, max_pairs_per_node=100, max_pairs_per_task=1000)
+    params = step_params(cfg)
+    with store_with(tmp_path / "s.duckdb", random_trees(12, seed=2)) as store:
+        nodes, tasks = step_pair_inputs(store)
+        rng = random.Random(0)
+        learned = {n.node_id: rng.random() for n in nodes if n.parent_id is not None}
+        sql, _ = select_step_pairs(store, params, critic=learned)
+        plain, _ = select_step_pairs(store, params)
+    assert sql == step_pairs(nodes, tasks, params, learned) and len(sql) > 20
+    assert plain == step_pairs(nodes, tasks, params) and plain != sql
+
+
+# ---- the stage -----------------------------------------------------------------------------
+CONFIG = """\
+run: {{name: critic, seed: 0}}
+model: {{id: {model}, device: cpu}}
+env: {{name: tests.fakes:MinedCorridor, kwargs: {{max_steps: 2}}, train_tasks: 4, test_tasks: 0}}
+search: {{simulations: 6, k: 3, max_depth: 2, trees_per_batch: 4, critic: {critic}}}
+critic: {{epochs: 20, patience: 5, holdout: 0.25}}
+"""
+
+
+def run_until(tmp_path, model: str, stage: str, critic: str = "learned") -> int:
+    from pipelines.cli import main
+
+    config = tmp_path / "cfg.yaml"
+    config.write_text(CONFIG.format(model=model, critic=critic))
+    return main(["run", str(config), "--run-dir", str(tmp_path / "r"), "--until", stage])
+
+
+def test_the_critic_stage_fits_records_feeds_mining_and_resumes(tmp_path, tiny_model_dir,
+                                                                monkeypatch, capsys):
+    from pipelines.report_table import CONCORDANCE, FROZEN
+    from pipelines.stages import critic as stage
+
+    assert run_until(tmp_path, tiny_model_dir, "mine") == 0
+    with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
+        final = s.checkpoint("critic", "", stage.FINAL)
+        stats = s.stage("critic").stats
+        values = stage.learned_values(s, tmp_path / "r", 1)
+        nodes = [n for t in s.trees("search") for n in s.load_tree(t.tree_id)]
+        mine_stats = s.stage("mine").stats
+    assert stats == final and (tmp_path / "r" / final["folder"] / "critic.json").is_file()
+    assert stats["train_tasks"] == 3 and stats["val_tasks"] == 1
+    assert stats["concordance_trees"] == 1
+    assert set(stats[CONCORDANCE]) == set(stats[FROZEN]) == {"overall", "by_depth", "by_env"}
+    visited = {n.node_id for n in nodes if n.parent_id is not None
+               and (n.visits or n.terminal)}
+    assert visited <= set(values)  # every child with a target has a value for mining
+    assert mine_stats["q_critic"] == f"learned ({len(values)} nodes)"
+    # beside the frozen critic's, in status and in the report
+    from pipelines.cli import main
+    from pipelines.report import build_report
+    from pipelines.report_table import concordance_text
+
+    capsys.readouterr()
+    assert main(["status", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert concordance_text(stats[CONCORDANCE]) in out
+    assert f"frozen {concordance_text(stats[FROZEN])} (same held-out trees)" in out
+    with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
+        report = build_report(s, RunConfig().eval)[CONCORDANCE]
+    assert report["critic: learned, held-out trees"] == stats[CONCORDANCE]
+    assert report["critic: frozen, same trees"] == stats[FROZEN]
+    assert "search" in report
+
+    # done: skipped; left failed with its fit recorded: the record is reused, no refit
+    monkeypatch.setattr("offline_agent.critic.fit.fit", lambda *a: pytest.fail("refit"))
+    assert run_until(tmp_path, tiny_model_dir, "critic") == 0
+    with Store(tmp_path / "r" / "store.duckdb") as s:
+        s.fail_stage("critic", "", "killed")
+    assert run_until(tmp_path, tiny_model_dir, "critic") == 0
+    with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
+        assert s.stage("critic").status == "done" and s.stage("critic").stats == stats
+
+
+def test_the_critic_stage_is_a_noop_unless_learned(tmp_path, tiny_model_dir):
+    assert run_until(tmp_path, tiny_model_dir, "critic", critic="frozen") == 0
+    with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
+        assert s.stage("critic").stats == {"skipped": "search.critic is not learned"}
+        assert s.checkpoint("critic", "", "critic/final") is None
+
+
+def test_search_takes_the_critic_search_critic_names(tmp_path, tiny_model_dir):
+    """Round 1: the frozen critic (no trees yet) even when learned; round 2: the value model
+    critic@1 fitted; none: no critic."""
+    from offline_agent.critic import value_model
+    from offline_agent.critic.learned import LearnedCritic
+    from offline_agent.search.critic import Critic
+    from pipelines.stages.critic import FINAL
+    from pipelines.stages.search import make_critic
+
+    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), 0, 0, [])
+    value_model.save(model, tmp_path / "v", tiny_model_dir, 0)
+    with Store(tmp_path / "s.duckdb") as store:
+        store.set_checkpoint("critic", "", FINAL, {"folder": "v"})
+
+        def ctx(critic: str, r: int):
+            cfg = RunConfig.load(None, [f"search.critic={critic}", "env.name=tests.fakes:FakeEnv",
+                                        "model.device=cpu"])
+            return SimpleNamespace(cfg=cfg, store=store, run_dir=tmp_path, round=r)
+
+        policy = SimpleNamespace()
+        assert isinstance(make_critic(ctx("learned", 1), policy), Critic)
+        assert isinstance(make_critic(ctx("learned", 2), policy), LearnedCritic)
+        assert isinstance(make_critic(ctx("frozen", 2), policy), Critic)
+        assert make_critic(ctx("none", 2), policy) is None
+
+
+# ---- config --------------------------------------------------------------------------------
+@pytest.mark.parametrize("override", ["critic.lora_r=-1", "critic.holdout=1.0",
+                                      "critic.epochs=0", "critic.lr=0", "search.critic=value"])
+def test_config_rejects_bad_critic_values(override):
+    with pytest.raises(ConfigError):
+        RunConfig.load(None, [override])
+
+
+def test_logprob_is_read_as_frozen_in_configs_and_stored_runs():
+    from pipelines.runner import renamed
+
+    assert RunConfig.load(None, ["search.critic=logprob"]).search.critic == "frozen"
+    stored = {"search": {"critic": "logprob", "k": 3}, "run": {}}
+    assert renamed(stored) == {"search": {"critic": "frozen", "k": 3}, "run": {}}
+    assert stored["search"]["critic"] == "logprob"  # not changed in place
