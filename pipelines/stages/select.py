@@ -79,10 +79,10 @@ def select_checkpoint(ctx: StageContext, policy: str, final: dict) -> dict:
             print(f"train: select {policy}: step {step} on {len(todo)} validation tasks",
                   flush=True)
 
-            def on_done(t, label: str = label) -> None:
-                store.insert_eval_episodes([episode_row(t, label, MODE)], ctx.stage)
+            def on_done(t, mode: str, label: str = label) -> None:
+                store.insert_eval_episodes([episode_row(t, label, mode)], ctx.stage)
 
-            _play(ctx, model, str(adapter), todo, on_done)
+            _play(ctx, model, str(adapter), {MODE: todo}, on_done)  # greedy only
         played = [Episode.from_row(r) for r in store.eval_episodes(label, MODE)]
         scores.append({"step": step, "folder": str(adapter.relative_to(ctx.run_dir)),
                        "policy": label, **rates(played)})
