@@ -315,3 +315,22 @@ def test_search_at_inference_is_stored_per_task_and_resumes(trained_run, monkeyp
     stats = results["eval"]["stats"]
     assert stats["base+mcts"]["n_tasks"] == 2 and stats["base"]["n_tasks"] == 3
     assert stats["dpo_step+mcts"]["search"]["simulations"] == 4
+
+
+def test_search_at_inference_takes_the_learned_critic_only_where_one_was_fitted(tmp_path):
+    """search.critic learned: eval.mcts values leaves with the round's fitted value model,
+    and refuses to fall back silently to the frozen one where none was fitted."""
+    from types import SimpleNamespace
+
+    from offline_agent.envs.base import load_env
+    from offline_agent.search.critic import Critic
+    from pipelines.runner import RunError
+    from pipelines.stages.eval import inference_critic
+
+    env = load_env("minishop", seed=0, max_steps=3)
+    with Store(tmp_path / "store.duckdb") as store:
+        ctx = SimpleNamespace(cfg=RunConfig.from_dict({}), store=store, run_dir=tmp_path, round=1)
+        assert isinstance(inference_critic(ctx, None, env), Critic)
+        ctx.cfg = RunConfig.from_dict({"search": {"critic": "learned"}})
+        with pytest.raises(RunError, match="'critic' has fitted no critic"):
+            inference_critic(ctx, None, env)
