@@ -12,11 +12,10 @@ import json
 from html import escape
 
 from pipelines.report_table import (
-    COLUMNS,
     CONCORDANCE,
     CONCORDANCE_COLUMNS,
     TEST_COLUMNS,
-    comparison_cells,
+    comparison_rows,
     concordance_rows,
     paired_test_rows,
 )
@@ -25,8 +24,8 @@ STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1100px;
        color: #222; padding: 0 16px; }
 h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; margin: 8px 0; }
-th, td { padding: 4px 10px; border-bottom: 1px solid #eee; text-align: left;
+table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
+th, td { padding: 4px 7px; border-bottom: 1px solid #eee; text-align: left;
          font-variant-numeric: tabular-nums; vertical-align: top; }
 th { background: #f5f5f5; white-space: nowrap; } .missing { color: #888; font-style: italic; }
 .note { color: #555; font-size: 13px; } svg { max-width: 100%; height: auto; }
@@ -88,7 +87,8 @@ def _comparison(policies: list[dict]) -> str:
             "changed vs base: the tasks where the policy's greedy actions differ from base's "
             "in any step (Wilson 95% interval), which moves before success does: on a handful "
             "of test tasks, success shows the pipeline working, not a result.</p>")
-    return _table(COLUMNS, [comparison_cells(e) for e in policies]) + note
+    header, *rows = comparison_rows(policies)
+    return _table(header, rows) + note
 
 
 def _paired_tests(report: dict) -> str:

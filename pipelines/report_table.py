@@ -61,12 +61,22 @@ COLUMNS = ["policy", "mode", "n", "success [95% CI]", "vs base (paired)", "vs gr
            "invalid", "steps"]
 
 
+def comparison_rows(policies: list[dict]) -> list[list[str]]:
+    """The header and a row per entry; "vs greedy" only where a search row has one (the
+    table is wide enough without an empty column)."""
+    rows = [COLUMNS] + [comparison_cells(e) for e in policies]
+    if any(e["delta_vs_greedy"] for e in policies):
+        return rows
+    drop = COLUMNS.index("vs greedy (paired)")
+    return [r[:drop] + r[drop + 1:] for r in rows]
+
+
 def comparison_table(report: dict) -> str:
     """The policies side by side as fixed-width text."""
     if not report["policies"]:
         return "no evaluation episodes in this run yet"
-    rows = [COLUMNS] + [comparison_cells(e) for e in report["policies"]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    rows = comparison_rows(report["policies"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
