@@ -262,6 +262,16 @@ def watch(sides: list[Side], limit: float) -> None:
                     print(s.line(), flush=True)
 
 
+def run_sides(sides: list[Side], limit: float) -> None:
+    """Watch the children to the end or the limit; kill any still running, however it ends."""
+    try:
+        watch(sides, limit)
+    finally:
+        for side in sides:
+            if side.proc.poll() is None:
+                side.proc.kill()
+
+
 def compare(ours: dict, trl: dict) -> str:
     """ours/trl ratios, with >= / <= where a side was cut."""
     if ours["bound"] and trl["bound"]:
@@ -290,12 +300,7 @@ def main() -> None:
           f"LoRA r={args.lora_r}, time limit {args.time_limit:.0f} s; "
           f"{os.cpu_count()} CPUs, both trainers at once", flush=True)
     sides = [Side("ours", args), Side("trl", args)]
-    try:
-        watch(sides, args.time_limit)
-    finally:
-        for s in sides:
-            if s.proc.poll() is None:
-                s.proc.kill()
+    run_sides(sides, args.time_limit)
     mean = sum(sides[0].tokens) / max(len(sides[0].tokens), 1)
     print(f"{mean:.0f} tokens per pair (prompt+chosen + prompt+rejected)")
     print(compare(sides[0].result(), sides[1].result()))

@@ -42,7 +42,7 @@ import tempfile
 import time
 
 from dpo_vs_trl import Side as PairSide
-from dpo_vs_trl import emit, ready, status, watch
+from dpo_vs_trl import emit, ready, run_sides, status
 
 FORMAT_WEIGHT = 0.1
 
@@ -365,12 +365,7 @@ def main() -> None:
               f"{args.steps} steps, LoRA r={args.lora_r}, time limit {args.time_limit:.0f} s; "
               f"{os.cpu_count()} CPUs, both trainers at once", flush=True)
         sides = [Side("ours", args), Side("trl", args)]
-        try:
-            watch(sides, args.time_limit)
-        finally:
-            for s in sides:
-                if s.proc.poll() is None:
-                    s.proc.kill()
+        run_sides(sides, args.time_limit)
     mean = sum(sides[0].tokens) / max(len(sides[0].tokens), 1)
     print(f"{mean:.0f} prompt tokens per first turn")
     print(ratio(sides[0].result(), sides[1].result()))
