@@ -49,6 +49,20 @@ def fitted_folder(store: Store, run_dir: Path, r: int) -> Path | None:
     return None if final is None else run_dir / final["folder"]
 
 
+def load_learned(ctx: StageContext, r: int):
+    """The value model critic@r fitted, ready to score (search in round r + 1, eval.mcts in
+    round r); a RunError where it fitted none."""
+    from offline_agent.critic.learned import LearnedCritic
+    from offline_agent.critic.value_model import resolve_device
+
+    folder = fitted_folder(ctx.store, ctx.run_dir, r)
+    if folder is None:
+        raise RunError(f"search.critic is learned, but {round_name('critic', r)!r} has "
+                       "fitted no critic")
+    return LearnedCritic.load(folder, make_env(ctx.cfg), resolve_device(ctx.cfg.model.device),
+                              ctx.cfg.critic.pack_tokens)
+
+
 def learned_values(store: Store, run_dir: Path, r: int) -> dict[int, float]:
     """node id -> V of every node of the trees critic@r fitted on, as mining reads them."""
     folder = fitted_folder(store, run_dir, r)

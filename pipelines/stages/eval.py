@@ -29,7 +29,7 @@ from offline_agent.evaluation import (
 from offline_agent.types import Task, Trajectory
 from pipelines.config import make_env
 from pipelines.rounds import round_model, round_name
-from pipelines.runner import RunError, StageContext
+from pipelines.runner import StageContext
 
 
 def eval_policies(store, run_dir: Path, r: int = 1) -> dict[str, str | None]:
@@ -103,16 +103,9 @@ def inference_critic(ctx: StageContext, policy, env):
 
     if ctx.cfg.search.critic != "learned":
         return Critic(policy, env)
-    from offline_agent.critic.learned import LearnedCritic
-    from offline_agent.critic.value_model import resolve_device
-    from pipelines.stages.critic import fitted_folder
+    from pipelines.stages.critic import load_learned
 
-    folder = fitted_folder(ctx.store, ctx.run_dir, ctx.round)
-    if folder is None:
-        raise RunError(f"eval.mcts with search.critic learned, but "
-                       f"{round_name('critic', ctx.round)!r} has fitted no critic")
-    return LearnedCritic.load(folder, env, resolve_device(ctx.cfg.model.device),
-                              ctx.cfg.critic.pack_tokens)
+    return load_learned(ctx, ctx.round)
 
 
 def _play(ctx: StageContext, model, adapter: str | None, todo: dict[str, list[Task]],

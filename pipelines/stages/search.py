@@ -25,9 +25,9 @@ from offline_agent.search.persist import (
 )
 from pipelines.config import make_env
 from pipelines.report_table import CONCORDANCE
-from pipelines.rounds import make_iterate, round_model, round_name
-from pipelines.runner import RunError, StageContext
-from pipelines.stages.critic import fitted_folder
+from pipelines.rounds import make_iterate, round_model
+from pipelines.runner import StageContext
+from pipelines.stages.critic import load_learned
 from storage import Store
 
 
@@ -70,20 +70,13 @@ def make_critic(ctx: StageContext, policy):
     """The critic search.critic names: the frozen Critic on the policy, round k's learned one
     (fitted by critic@(k-1) on the trees so far; round 1 has none and uses the frozen), or
     None."""
-    from offline_agent.critic.learned import LearnedCritic
-    from offline_agent.critic.value_model import resolve_device
     from offline_agent.search.critic import Critic
 
     cfg = ctx.cfg
     if cfg.search.critic == "none":
         return None
-    folder = fitted_folder(ctx.store, ctx.run_dir, ctx.round - 1) if ctx.round > 1 else None
-    if cfg.search.critic == "learned" and folder is not None:
-        return LearnedCritic.load(folder, make_env(cfg), resolve_device(cfg.model.device),
-                                  cfg.critic.pack_tokens)
     if cfg.search.critic == "learned" and ctx.round > 1:
-        raise RunError(f"search.critic is learned, but {round_name('critic', ctx.round - 1)!r} "
-                       "has fitted no critic")
+        return load_learned(ctx, ctx.round - 1)
     return Critic(policy, make_env(cfg))
 
 
