@@ -167,9 +167,13 @@ class RunConfig:
         return out
 
     def hash(self, sections: Sequence[str]) -> str:
-        """Stable across processes and key order: sha256 of canonical JSON, 16 hex digits."""
-        text = json.dumps(self.hashed(sections), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return digest(self.hashed(sections))
+
+
+def digest(hashed: dict[str, Any]) -> str:
+    """Stable across processes and key order: sha256 of canonical JSON, 16 hex digits."""
+    text = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def unhashed_keys() -> set[str]:

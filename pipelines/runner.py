@@ -7,7 +7,8 @@ it stored. Stored results made under a different config are never mixed with new
 the runner refuses, or with `force` clears them first.
 
 A stage lists every section its results depend on, upstream ones included (search lists
-env and model too), so a change invalidates exactly the stages it affects. A stage that lists
+env and model too), and its `view` drops the keys of those sections it does not read (search
+does not read env.test_tasks), so a change invalidates exactly the stages it affects. A stage that lists
 none (the report) only reads what earlier stages stored: it runs again whenever an earlier
 stage ran in this invocation (e.g. a round added by raising run.iterations).
 """
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from offline_agent.extras import missing
-from pipelines.config import RunConfig, diff
+from pipelines.config import RunConfig, diff, digest
 from pipelines.progress import Progress
 from storage import Store
 
@@ -35,6 +36,10 @@ def unsharded(cfg: RunConfig) -> str:
     return ""
 
 
+def whole(hashed: dict) -> dict:
+    return hashed
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
@@ -42,6 +47,14 @@ class Stage:
     fn: Callable[[StageContext], dict]  # does the work, calls ctx.mark_done(stats), returns stats
     shard: Callable[[RunConfig], str] = unsharded  # 'i/n' for a stage split over machines
     round: int = 1  # the run.iterations round it belongs to (its name says it too: search@2)
+    # the part of its sections' config its results depend on, where less than all of it
+    view: Callable[[dict], dict] = whole
+
+    def hashed(self, cfg: RunConfig) -> dict:
+        return self.view(cfg.hashed(self.sections))
+
+    def hash(self, cfg: RunConfig) -> str:
+        return digest(self.hashed(cfg))
 
 
 @dataclass
@@ -144,7 +157,7 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
     verb = ("running again: stages before it ran" if redo and row
             else f"resuming after a {row.status} attempt" if row else "running")
     print(f"stage {label}: {verb}", flush=True)
-    store.start_stage(stage.name, shard, cfg.hash(stage.sections), cfg.hashed(stage.sections))
+    store.start_stage(stage.name, shard, stage.hash(cfg), stage.hashed(cfg))
     progress.start(stage.name, shard)
     ctx = StageContext(cfg, run_dir, store, progress, stage.name, shard, stage.round)
     start = time.perf_counter()
@@ -170,8 +183,12 @@ def _changed(stored: dict | None, cfg: RunConfig, stage: Stage) -> bool:
     whose results were made as that default makes them (so upgrading keeps old runs)."""
     if stored is None:
         return True
-    return bool(diff(_fill(stored, RunConfig().hashed(stage.sections)),
-                     cfg.hashed(stage.sections)))
+    return bool(_changes(stored, cfg, stage))
+
+
+def _changes(stored: dict, cfg: RunConfig, stage: Stage) -> list[str]:
+    """What differs between a stage's stored config and `cfg`'s, as `diff` lines."""
+    return diff(stage.view(_fill(stored, RunConfig().hashed(stage.sections))), stage.hashed(cfg))
 
 
 def _fill(stored: dict, defaults: dict) -> dict:
@@ -200,7 +217,7 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
     """Refuse (or, with force, clear) stored stage results made under a different config."""
     stale = []
     for stage in stages:
-        current = cfg.hash(stage.sections)
+        current = stage.hash(cfg)
         rows = [r for r in store.stages(stage.name)
                 if r.config_hash != current and _changed(r.config, cfg, stage)]
         if rows:
@@ -211,8 +228,7 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
         lines = [f"{run_dir} holds results made under a different config:"]
         for stage, row in stale:
             lines.append(f"  stage {stage.name!r} ({row.status}):")
-            changes = diff(_fill(row.config or {}, RunConfig().hashed(stage.sections)),
-                           cfg.hashed(stage.sections))
+            changes = _changes(row.config or {}, cfg, stage)
             lines += [f"    {c}" for c in changes] or ["    (stage sections changed)"]
         lines.append("Rerun with --force to discard those results and recompute them, "
                      "or use another --run-dir.")

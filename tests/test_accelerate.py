@@ -69,8 +69,8 @@ def make_run(run_dir: Path, cfg: RunConfig) -> None:
         store.insert_pairs(pairs, "mine")
         store.insert_examples(examples, "mine")
         for stage in STAGES[:[s.name for s in STAGES].index("train")]:
-            store.start_stage(stage.name, "", cfg.hash(stage.sections),
-                              cfg.hashed(stage.sections))
+            store.start_stage(stage.name, "", stage.hash(cfg),
+                              stage.hashed(cfg))
             store.mark_stage_done(stage.name, "", {})
 
 

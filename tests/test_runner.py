@@ -199,3 +199,58 @@ def test_a_key_added_since_a_run_at_its_default_is_no_change(tmp_path, capsys):
     with pytest.raises(RunError) as e:
         run(fake_cfg("run.seed=3"), tmp_path, TASKS_ONLY)
     assert "run.seed: 0 -> 3" in str(e.value)
+
+
+def recording(stages: list[Stage], calls: list[str]) -> list[Stage]:
+    """The pipeline's own stages (names, sections, views) with `tasks` real and every other
+    function replaced by one that records its call."""
+    from dataclasses import replace
+
+    def fn(ctx):
+        calls.append(ctx.stage)
+        ctx.mark_done({})
+        return {}
+
+    return [s if s.name == "tasks" else replace(s, fn=fn) for s in stages]
+
+
+def test_more_test_tasks_keep_the_search_and_training(tmp_path):
+    """Only eval reads the test tasks: raising env.test_tasks (with --force, as the tasks
+    stage changed) redoes tasks and eval, not search or train."""
+    from pipelines.stages import pipeline
+
+    calls: list[str] = []
+    stages = recording(pipeline(1)[:-1], calls)
+    run(fake_cfg(), tmp_path, stages)
+    with pytest.raises(RunError) as e:
+        run(fake_cfg("env.test_tasks=3"), tmp_path, stages)
+    message = str(e.value)
+    assert "stage 'tasks'" in message and "stage 'eval'" in message
+    assert "stage 'search'" not in message and "stage 'train'" not in message
+    calls.clear()
+    run(fake_cfg("env.test_tasks=3"), tmp_path, stages, force=True)
+    assert calls == ["eval"]
+    with Store(tmp_path / "store.duckdb", read_only=True) as s:
+        assert len(s.tasks("test")) == 3 and len(s.tasks("train")) == 3
+
+
+def test_learned_critic_keeps_round_one_search(tmp_path):
+    """Round 1 searches with the frozen critic under search.critic learned (none is fitted
+    yet), so switching to learned keeps search@1; the critic stage and later ones change."""
+    from pipelines.stages import pipeline
+
+    calls: list[str] = []
+    stages = recording(pipeline(2)[:-1], calls)
+    run(fake_cfg("run.iterations=2"), tmp_path, stages)
+    with pytest.raises(RunError) as e:
+        run(fake_cfg("run.iterations=2", "search.critic=learned"), tmp_path, stages)
+    message = str(e.value)
+    assert "stage 'search'" not in message and "stage 'baseline'" not in message
+    assert "stage 'critic'" in message and "stage 'search@2'" in message
+    assert "search.critic: 'frozen' -> 'learned'" in message
+    calls.clear()
+    run(fake_cfg("run.iterations=2", "search.critic=learned"), tmp_path, stages, force=True)
+    assert "search" not in calls and "critic" in calls and "search@2" in calls
+    calls.clear()
+    run(fake_cfg("run.iterations=2", "search.critic=none"), tmp_path, stages, force=True)
+    assert "search" in calls  # no critic at all does change round 1's search
