@@ -11,6 +11,9 @@ tokens generated, each per solved task, and the
 critic's concordance with the returns of the trees it helped to grow.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/critic_search.py RUN_DIR --tasks 16
+    # while RUN_DIR's run goes on (it holds the store): name the critic stage's folder
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/critic_search.py RUN_DIR --tasks 16 \
+        --critic RUN_DIR/checkpoints/critic/final
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ def main() -> None:
     ap.add_argument("run_dir", type=Path, help="a run whose critic stage fitted a critic")
     ap.add_argument("--tasks", type=int, default=16, help="unseen train tasks searched")
     ap.add_argument("--simulations", type=int, default=0, help="0: the run's search.simulations")
+    ap.add_argument("--critic", type=Path, help="a fitted value model folder; default: the one "
+                    "the run's critic stage recorded (needs the store, which a live run holds)")
     args = ap.parse_args()
 
     from offline_agent.policy import load_policy
@@ -100,8 +105,10 @@ def main() -> None:
     cfg = RunConfig.load(args.run_dir / "config.yaml", [])
     if args.simulations:
         cfg = replace(cfg, search=replace(cfg.search, simulations=args.simulations))
-    with Store(args.run_dir / "store.duckdb", read_only=True) as store:
-        folder = fitted_folder(store, args.run_dir, 1)
+    folder = args.critic
+    if folder is None:
+        with Store(args.run_dir / "store.duckdb", read_only=True) as store:
+            folder = fitted_folder(store, args.run_dir, 1)
     if folder is None:
         raise SystemExit(f"{args.run_dir}: its critic stage fitted no critic "
                          "(run it with search.critic=learned)")
