@@ -10,7 +10,7 @@ import torch
 
 from offline_agent.training import heldout
 from offline_agent.training.config import TrainConfig
-from offline_agent.training.heldout import pair_accuracies, score_pairs
+from offline_agent.training.heldout import pair_accuracies, score_pairs, scored_logps
 from pipelines.cli import main
 from pipelines.config import RunConfig
 from pipelines.runner import run
@@ -82,6 +82,22 @@ def test_an_untrained_adapter_scores_as_its_base_and_moves_no_reward(tiny_model_
                       TrainConfig())
     assert out["n"] == 4 and out["reward_accuracy"] == 0.0
     assert out["pair_accuracy"] == out["base_pair_accuracy"]
+
+
+@pytest.mark.parametrize("quantization", ["none", "4bit"])
+def test_scoring_builds_the_model_training_ran(tiny_model_dir, tmp_path, quantization):
+    """Scored on the pairs it trained on, the reference is exactly the one training stored
+    (the same network, the same forward), and the trained adapter is what moved."""
+    from offline_agent.training.dpo import REFERENCE
+    from offline_agent.training.fit import fit_policy
+
+    cfg = TrainConfig(quantization=quantization, lr=3e-2, warmup_steps=0, batch_size=2,
+                      max_steps=2, save_every=100)
+    rows = [step_pair(1), step_pair(2)]
+    fit_policy("dpo_step", rows, tiny_model_dir, cfg, tmp_path / "p")
+    policy, reference = scored_logps(rows, tiny_model_dir, str(tmp_path / "p" / "final"), cfg)
+    assert torch.equal(reference, torch.load(tmp_path / "p" / REFERENCE)["logps"])
+    assert (policy - reference).abs().max() > 1e-3
 
 
 def test_the_train_stage_scores_each_policy_on_the_pairs_it_left_out(tiny_model_dir, tmp_path):

@@ -15,10 +15,11 @@ import torch
 
 from offline_agent.evaluation import wilson
 
+from .checkpoint import load_adapter_weights
 from .config import TrainConfig
 from .dpo import pair_logps, reference_logps
 from .logprobs import encode_pair
-from .model import load_base
+from .model import add_lora, load_base
 
 FIGURES = ("pair_accuracy", "reward_accuracy", "base_pair_accuracy")
 
@@ -52,18 +53,24 @@ def pair_accuracies(policy: torch.Tensor, reference: torch.Tensor) -> dict:
 def score_pairs(rows: list[dict], model_id: str, adapter_folder: str, cfg: TrainConfig,
                 base_adapter: str | None = None) -> dict:
     """`pair_accuracies` of the adapter in `adapter_folder` (trained on `model_id` with
-    `base_adapter` merged in, as fit_policy trained it) on these pair rows. Loads the model
-    (on a GPU when there is one, like training) only when there is a pair to score."""
+    `base_adapter` merged in, as fit_policy trained it) on these pair rows; the model is
+    loaded only when there is a pair to score."""
     if not rows:
         return pair_accuracies(torch.zeros(0, 2), torch.zeros(0, 2))
-    from offline_agent.policy.adapters import import_peft, quiet_peft
+    return pair_accuracies(*scored_logps(rows, model_id, adapter_folder, cfg, base_adapter))
 
+
+@torch.no_grad()
+def scored_logps(rows: list[dict], model_id: str, adapter_folder: str, cfg: TrainConfig,
+                 base_adapter: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(policy, reference) (N, 2) summed action log-probs of the pairs' (chosen, rejected),
+    the model built as training builds it (on a GPU when there is one), so the reference is
+    the very one training computed for the pairs it trained on."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_base(model_id, cfg, device, base_adapter)
-    with quiet_peft():
-        model = import_peft().PeftModel.from_pretrained(model, adapter_folder).eval()
+    model = add_lora(model, cfg)  # the network training ran (QLoRA's float32 norms too)
+    load_adapter_weights(model, adapter_folder)
+    model.eval()
     items = [list(encode_pair(tokenizer, r)) for r in rows]
-    with torch.no_grad():
-        policy = pair_logps(model, items, cfg.pack_tokens)
-        reference = reference_logps(model, items, cfg.pack_tokens)
-    return pair_accuracies(policy, reference)
+    return (pair_logps(model, items, cfg.pack_tokens),
+            reference_logps(model, items, cfg.pack_tokens))
