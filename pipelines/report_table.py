@@ -62,7 +62,7 @@ def _held_out(h: dict | None) -> str:
     if not h:
         return "-"
     if not h["n"]:
-        return f"none held out (trained on all {h['mined']})"
+        return f"none held out ({h['left_out_of']}'s sample took all {h['mined']})"
     return (f"{_pct(h['pair_accuracy'], h['pair_accuracy_ci95'])} of {h['n']} "
             f"(base {_pct(h['base_pair_accuracy'], None)}); reward "
             f"{_pct(h['reward_accuracy'], h['reward_accuracy_ci95'])}")

@@ -147,6 +147,6 @@ def test_trained_on_all_pairs_records_n_0_and_a_crash_before_scoring_scores_once
     capsys.readouterr()  # the runner's own lines
     assert main(["status", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
-    assert "held-out pairs dpo_outcome: none held out (trained on all 1)" in out
+    assert "held-out pairs dpo_outcome: none held out (dpo_outcome's sample took all 1)" in out
     assert "held-out pairs dpo_step: " in out and "of 1 (base " in out
     assert "pair_accuracy_ci95" not in out  # the figures once, as a line, not the dict

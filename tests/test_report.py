@@ -187,7 +187,7 @@ def test_held_out_pair_accuracy_beside_each_trained_policy_hidden_when_none(run_
     assert header.rstrip().endswith("held-out pairs: acc [95% CI] (base); reward acc")
     assert step_dpo.rstrip().endswith(
         "50.0% [9.4, 90.5] of 2 (base 0.0%); reward 100.0% [34.2, 100.0]")
-    assert rft.rstrip().endswith("none held out (trained on all 3)")
+    assert rft.rstrip().endswith("none held out (dpo_step's sample took all 3)")
     assert base.rstrip().endswith(" -")
     html = write_report(run_dir, report).read_text()
     assert "<td>50.0% [9.4, 90.5] of 2 (base 0.0%); reward 100.0% [34.2, 100.0]</td>" in html
