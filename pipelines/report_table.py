@@ -7,6 +7,10 @@ An entry is one of report.json's `policies` (pipelines/report.py `policy_results
 
 from __future__ import annotations
 
+# a trained policy's final record's key (pipelines/stages/train.py) and its report entry's:
+# its pair accuracy on the mined pairs its training sample left out
+HELD_OUT = "held_out"
+
 
 def _pct(value: float | None, ci: list[float] | None, signed: bool = False) -> str:
     if value is None:
@@ -40,11 +44,6 @@ def comparison_cells(entry: dict) -> list[str]:
         _num(entry["mean_steps"], None),
         _held_out(entry[HELD_OUT]),
     ]
-
-
-# a trained policy's final record's key (pipelines/stages/train.py) and its report entry's:
-# its pair accuracy on the mined pairs its training sample left out
-HELD_OUT = "held_out"
 
 
 def held_out_lines(stats: dict) -> tuple[dict, list[str]]:
