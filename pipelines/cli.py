@@ -18,7 +18,7 @@ from offline_agent.extras import MissingExtra, require
 from pipelines.config import ConfigError, RunConfig, help_lines, make_env
 from pipelines.export import ExportError
 from pipelines.progress import ProgressError, read_progress
-from pipelines.report_table import CONCORDANCE, FROZEN, concordance_text
+from pipelines.report_table import CONCORDANCE, FROZEN, concordance_text, held_out_lines
 from pipelines.runner import RunError
 from storage import Store, StoreError, StoreInUse, TreeRow, merge_shards
 
@@ -211,7 +211,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             stats = dict(row.stats or {})
             agreement = stats.pop(CONCORDANCE, None)
             frozen = stats.pop(FROZEN, None)  # the critic stage's: frozen on its held-out trees
+            held_out: list[str] = []  # a train stage's policies': a line each
+            if row.stage.split("@")[0] == "train":
+                stats, held_out = held_out_lines(stats)
             print(f"  {row.stage + shard:<22} {status:<11} {took:>8}  {stats or ''}")
+            for line in held_out:
+                print(f"  {'':<22} {line}")
             if agreement is not None:
                 print(f"  {'':<22} {concordance_text(agreement)}")
             if frozen is not None:

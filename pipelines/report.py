@@ -21,7 +21,7 @@ from offline_agent.evaluation import BASE, MODE, TEST, Episode, EvalConfig, comp
 from offline_agent.search.concordance import concordance
 from pipelines.diagnostics import diagnose
 from pipelines.report_html import render
-from pipelines.report_table import CONCORDANCE, FROZEN
+from pipelines.report_table import CONCORDANCE, FROZEN, HELD_OUT
 from pipelines.rounds import round_name, stored_rounds, trained_policies
 from pipelines.transcripts import transcripts
 from storage import Store
@@ -62,9 +62,12 @@ def policy_results(store: Store, cfg: EvalConfig) -> list[dict]:
     base first, then trained policies in the order training finished them, each policy's
     search at inference after its greedy row; each but base greedy with its paired difference
     to base greedy, and a search row with its paired difference to the same policy greedy on
-    the same tasks (`delta_vs_greedy`). Test tasks only (test_episodes)."""
+    the same tasks (`delta_vs_greedy`). Test tasks only (test_episodes). A trained policy's
+    greedy row carries its pair accuracy on the mined pairs it did not train on (`held_out`,
+    pipelines/stages/train.py; None for base, search rows and policies trained before it)."""
     runs = test_episodes(store)
-    rank = {name: i for i, name in enumerate([BASE, *trained_policies(store)])}
+    finals = trained_policies(store)
+    rank = {name: i for i, name in enumerate([BASE, *finals])}
     order = sorted(runs, key=lambda k: (rank.get(k[0], len(rank)), k[0], k[1] != MODE, k[1]))
     base = runs.get((BASE, MODE))
     out = []
@@ -78,6 +81,7 @@ def policy_results(store: Store, cfg: EvalConfig) -> list[dict]:
         greedy = runs.get((policy, MODE))
         entry["delta_vs_greedy"] = (compare(runs[policy, mode], greedy, cfg)
                                     if greedy and mode != MODE else None)
+        entry[HELD_OUT] = finals.get(policy, {}).get(HELD_OUT) if mode == MODE else None
         out.append(entry)
     return out
 

@@ -86,7 +86,13 @@ def _comparison(policies: list[dict]) -> str:
             "McNemar p (wins:losses, configurations tried): the paired tests below. "
             "changed vs base: the tasks where the policy's greedy actions differ from base's "
             "in any step (Wilson 95% interval), which moves before success does: on a handful "
-            "of test tasks, success shows the pipeline working, not a result.</p>")
+            "of test tasks, success shows the pipeline working, not a result. "
+            "held-out pairs (when a policy trained on a sample, train.max_pairs): on the mined "
+            "pairs its sample left out (RFT: those dpo_step's left out), the share where the "
+            "policy gives the chosen action a higher log-prob than the rejected one, of n pairs, "
+            "Wilson 95% interval, base's share on the same pairs beside it; reward acc: the "
+            "share where training raised the chosen's log-prob more than the rejected's "
+            "(DPO's implicit reward accuracy).</p>")
     header, *rows = comparison_rows(policies)
     return _table(header, rows) + note
 

@@ -7,6 +7,10 @@ An entry is one of report.json's `policies` (pipelines/report.py `policy_results
 
 from __future__ import annotations
 
+# a trained policy's final record's key (pipelines/stages/train.py) and its report entry's:
+# its pair accuracy on the mined pairs its training sample left out
+HELD_OUT = "held_out"
+
 
 def _pct(value: float | None, ci: list[float] | None, signed: bool = False) -> str:
     if value is None:
@@ -38,7 +42,29 @@ def comparison_cells(entry: dict) -> list[str]:
         _changed(d),
         _pct(entry["invalid_rate"], None),
         _num(entry["mean_steps"], None),
+        _held_out(entry[HELD_OUT]),
     ]
+
+
+def held_out_lines(stats: dict) -> tuple[dict, list[str]]:
+    """A train stage's stats ({policy: its final record}) without the held-out figures, and a
+    line per policy that has them, for `offline-agent status`."""
+    rest = {p: {k: x for k, x in v.items() if k != HELD_OUT} for p, v in stats.items()}
+    lines = [f"held-out pairs {p}: {_held_out(v[HELD_OUT])}" for p, v in stats.items()
+             if HELD_OUT in v]
+    return rest, lines
+
+
+def _held_out(h: dict | None) -> str:
+    """Held-out pair accuracy [95% CI] of n, the base's on the same pairs, and the implicit
+    reward accuracy (training moved toward the chosen)."""
+    if not h:
+        return "-"
+    if not h["n"]:
+        return f"none held out ({h['left_out_of']}'s sample took all {h['mined']})"
+    return (f"{_pct(h['pair_accuracy'], h['pair_accuracy_ci95'])} of {h['n']} "
+            f"(base {_pct(h['base_pair_accuracy'], None)}); reward "
+            f"{_pct(h['reward_accuracy'], h['reward_accuracy_ci95'])}")
 
 
 def _changed(d: dict) -> str:
@@ -56,19 +82,20 @@ def _p(d: dict) -> str:
     return f"{d['mcnemar_p']:.3g} ({d['wins']}:{d['losses']}, {d['configs_tried']} tried)"
 
 
+HELD_OUT_COLUMN = "held-out pairs: acc [95% CI] (base); reward acc"
 COLUMNS = ["policy", "mode", "n", "success [95% CI]", "vs base (paired)", "vs greedy (paired)",
            "McNemar p", "mean reward [95% CI]", "vs base (paired)", "changed vs base",
-           "invalid", "steps"]
+           "invalid", "steps", HELD_OUT_COLUMN]
 
 
 def comparison_rows(policies: list[dict]) -> list[list[str]]:
-    """The header and a row per entry; "vs greedy" only where a search row has one (the
-    table is wide enough without an empty column)."""
-    rows = [COLUMNS] + [comparison_cells(e) for e in policies]
-    if any(e["delta_vs_greedy"] for e in policies):
-        return rows
-    drop = COLUMNS.index("vs greedy (paired)")
-    return [r[:drop] + r[drop + 1:] for r in rows]
+    """The header and a row per entry; "vs greedy" only where a search row has one, the
+    held-out pair accuracy only where a policy held pairs out (the table is wide enough
+    without an empty column)."""
+    shown = {"vs greedy (paired)": any(e["delta_vs_greedy"] for e in policies),
+             HELD_OUT_COLUMN: any((e[HELD_OUT] or {}).get("n") for e in policies)}
+    keep = [i for i, c in enumerate(COLUMNS) if shown.get(c, True)]
+    return [[r[i] for i in keep] for r in [COLUMNS] + [comparison_cells(e) for e in policies]]
 
 
 def comparison_table(report: dict) -> str:

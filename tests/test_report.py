@@ -164,6 +164,35 @@ def test_report_files_and_table(run_dir):
     assert table[3].startswith("dpo_step") and "+25.0% [+" in table[3]
 
 
+def test_held_out_pair_accuracy_beside_each_trained_policy_hidden_when_none(run_dir):
+    """The train stage's held-out figures (pipelines/stages/train.py) in report.json and a
+    column of the table and page; no column while no policy held a pair out."""
+    with Store(run_dir / "store.duckdb", read_only=True) as store:
+        report = build_report(store, EvalConfig(bootstrap=500))
+    assert all(p["held_out"] is None for p in report["policies"])
+    assert "held-out" not in comparison_table(report).splitlines()[0]
+    figures = {"left_out_of": "dpo_step", "kinds": ["step"], "mined": 3, "n": 2,
+               "pair_accuracy": 0.5, "pair_accuracy_ci95": [0.0945, 0.9055],
+               "reward_accuracy": 1.0, "reward_accuracy_ci95": [0.3424, 1.0],
+               "base_pair_accuracy": 0.0, "base_pair_accuracy_ci95": [0.0, 0.6576]}
+    none = {**figures, "n": 0, **{k: None for k in figures if "accuracy" in k}}
+    with Store(run_dir / "store.duckdb") as store:
+        for policy, held_out in (("dpo_step", figures), ("rft", none)):
+            final = store.checkpoint("train", "", f"{policy}/final")
+            store.set_checkpoint("train", "", f"{policy}/final", {**final, "held_out": held_out})
+        report = build_report(store, EvalConfig(bootstrap=500))
+    by = {p["policy"]: p for p in report["policies"]}
+    assert by["dpo_step"]["held_out"] == figures and by["base"]["held_out"] is None
+    header, _, base, step_dpo, rft = comparison_table(report).splitlines()
+    assert header.rstrip().endswith("held-out pairs: acc [95% CI] (base); reward acc")
+    assert step_dpo.rstrip().endswith(
+        "50.0% [9.4, 90.5] of 2 (base 0.0%); reward 100.0% [34.2, 100.0]")
+    assert rft.rstrip().endswith("none held out (dpo_step's sample took all 3)")
+    assert base.rstrip().endswith(" -")
+    html = write_report(run_dir, report).read_text()
+    assert "<td>50.0% [9.4, 90.5] of 2 (base 0.0%); reward 100.0% [34.2, 100.0]</td>" in html
+
+
 def test_search_at_inference_rows_pair_with_the_same_policy_greedy(tmp_path):
     """base+mcts on the first 10 tasks: its own row after base's, paired with base greedy on
     those 10 tasks (vs greedy) and with base greedy everywhere it has a twin (vs base)."""

@@ -61,9 +61,16 @@ def load(folder: Path, model, optimizer, scheduler) -> tuple[int, list[int]]:
     folder = Path(folder)
     if not (folder / STATE).exists():
         raise FileNotFoundError(f"{folder} is not a complete training checkpoint (no {STATE})")
-    import_peft().set_peft_model_state_dict(model, load_file(folder / "adapter_model.safetensors"))
+    load_adapter_weights(model, folder)
     state = torch.load(folder / STATE, weights_only=False)  # our own file: RNG state is a tuple
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return state["step"], state["order"]
+
+
+def load_adapter_weights(model, folder: Path) -> None:
+    """The adapter weights saved in `folder` (a checkpoint or a final adapter) into `model`,
+    a PEFT model built as training builds it (model.add_lora)."""
+    weights = load_file(Path(folder) / "adapter_model.safetensors")
+    import_peft().set_peft_model_state_dict(model, weights)

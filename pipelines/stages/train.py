@@ -5,7 +5,9 @@ interrupted one resumes from the step checkpoint the store records under "<polic
 optimizer step's metrics land in the store's metrics table (series = policy) as it ends.
 Round k's train stage (train@k) trains on mine@k's data, on top of round k's model
 (pipelines/rounds.py). With train.select: val, each policy's final adapter is then its best
-checkpoint on the validation tasks (pipelines/stages/select.py).
+checkpoint on the validation tasks (pipelines/stages/select.py). That final adapter is then
+scored on the mined pairs its seeded sample (train.max_pairs) left out, recorded under
+"held_out" in the same record (offline_agent/training/heldout.py; n 0 when it took them all).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from offline_agent.policy.models import copy_note, public_id
 from offline_agent.training.card import Provenance
 from pipelines.config import RunConfig
+from pipelines.report_table import HELD_OUT
 from pipelines.rounds import ITERATE, round_model, round_name
 from pipelines.runner import StageContext
 from pipelines.stages.select import keep_candidate, select_checkpoint
@@ -35,12 +38,34 @@ def policy_rows(store, policy: str, max_rows: int, seed: int,
         kinds = ("rft", "hindsight") if hindsight else ("rft",)
         rows = [r.to_row() for r in store.examples(kinds=kinds, stage=mine)]
     else:
-        rows = sorted((r.to_row() for kind in PAIR_KINDS[policy] for r in store.pairs(kind, mine)),
-                      key=lambda r: r["pair_id"])
-    if max_rows and len(rows) > max_rows:
-        keep = sorted(random.Random(seed).sample(range(len(rows)), max_rows))
-        rows = [rows[i] for i in keep]
-    return rows
+        rows = mined_pairs(store, policy, mine)
+    return split_sample(rows, max_rows, seed)[0]
+
+
+def mined_pairs(store, policy: str, mine: str) -> list[dict]:
+    """Every mined pair of the kinds a DPO policy trains on, in pair_id order."""
+    return sorted((r.to_row() for kind in PAIR_KINDS[policy] for r in store.pairs(kind, mine)),
+                  key=lambda r: r["pair_id"])
+
+
+def split_sample(rows: list, max_rows: int, seed: int) -> tuple[list, list]:
+    """(the seeded sample of max_rows rows, in their order; the rows it leaves out); all rows
+    and none left out when max_rows is 0 or not below their number."""
+    if not max_rows or len(rows) <= max_rows:
+        return rows, []
+    keep = set(random.Random(seed).sample(range(len(rows)), max_rows))
+    return ([r for i, r in enumerate(rows) if i in keep],
+            [r for i, r in enumerate(rows) if i not in keep])
+
+
+def held_out_pairs(store, policy: str, max_rows: int, seed: int,
+                   mine: str = "mine") -> tuple[str, list[dict], list[dict]]:
+    """(the policy whose sample they are left out of, the mined pairs, those left out): the
+    pairs of the policy's kinds its training sample did not take. RFT trains on no pair: it
+    is scored on the step pairs dpo_step's sample leaves out, so both rows score the same."""
+    source = "dpo_step" if policy == "rft" else policy
+    rows = mined_pairs(store, source, mine)
+    return source, rows, split_sample(rows, max_rows, seed)[1]
 
 
 def run_train(ctx: StageContext) -> dict:
@@ -58,6 +83,8 @@ def run_train(ctx: StageContext) -> dict:
             final = _train_policy(ctx, policy, rows)
         if cfg.train.select == "val" and "selected" not in final:
             final = select_checkpoint(ctx, policy, final)
+        if HELD_OUT not in final:
+            final = _score_held_out(ctx, policy, final)
         stats[policy] = final
     with store.transaction():
         ctx.mark_done(stats)
@@ -97,6 +124,26 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
              "trained_tokens": metrics["action_tokens"], "agent_tokens": metrics["agent_tokens"]}
     store.set_checkpoint(ctx.stage, ctx.shard, f"{policy}/final", final)
     return final
+
+
+def _score_held_out(ctx: StageContext, policy: str, final: dict) -> dict:
+    """Score the final adapter (the selected one with train.select: val) on the mined pairs
+    its training sample left out (offline_agent/training/heldout.py) and record the figures
+    under "held_out" in its "<policy>/final" record; a crash before that scores again."""
+    from offline_agent.training.heldout import score_pairs
+
+    cfg, store = ctx.cfg, ctx.store
+    source, mined, rows = held_out_pairs(store, policy, cfg.train.max_pairs, cfg.train.seed,
+                                         round_name("mine", ctx.round))
+    if rows:
+        print(f"train: {policy}: scoring {len(rows)} held-out pairs", flush=True)
+    model = round_model(cfg, store, ctx.run_dir, ctx.round)
+    scores = score_pairs(rows, model.id, str(ctx.run_dir / final["folder"]), cfg.train,
+                         model.adapter)
+    value = {**final, HELD_OUT: {"left_out_of": source, "kinds": list(PAIR_KINDS[source]),
+                                 "mined": len(mined), **scores}}
+    store.set_checkpoint(ctx.stage, ctx.shard, f"{policy}/final", value)
+    return value
 
 
 def provenance(cfg: RunConfig, store: Store, k: int) -> Provenance:
