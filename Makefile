@@ -45,7 +45,7 @@ demo: install
 
 # Two workers, one file each at a time (module fixtures stay shared), one thread each: the
 # suite waits on subprocesses (sandbox, CLI, TRL) as much as it computes.
-TEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
+TEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=12
 
 test: install
 	$(TEST)

@@ -13,6 +13,13 @@ import pytest
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def pytest_collection_modifyitems(items):
+    """Files marked `slow` first. `make test` runs `-n 2 --dist loadfile`: each worker takes
+    whole files in collection order, so a long file collected last (alphabetically) keeps one
+    worker busy while the other idles. Longest first lets both end together."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def embedded_dir() -> str:
     """Folder of the embedded SmolLM2 model (converted from GGUF once, then cached)."""

@@ -17,6 +17,8 @@ from offline_agent.policy.hf import HFPolicy
 from offline_agent.types import Task
 from tests.test_constrained import _fn, _sample_at, _states
 
+pytestmark = pytest.mark.slow  # a long file: collected first (tests/conftest.py)
+
 pytest.importorskip("xgrammar", reason="constrained decoding needs xgrammar (make install)")
 
 GOLDEN = Path(__file__).parent / "fixtures" / "builtin_grammars.json"

@@ -16,6 +16,8 @@ from offline_agent.envs.testing.check import check_env
 from offline_agent.types import Task
 from pipelines.cli import main
 
+pytestmark = pytest.mark.slow  # a long file: collected first (tests/conftest.py)
+
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "environments.md"
 
 

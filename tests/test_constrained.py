@@ -17,6 +17,8 @@ from offline_agent.policy.hf import HFPolicy
 from offline_agent.rollout import action_sampling, run_episodes
 from offline_agent.types import Task, ToolCall
 
+pytestmark = pytest.mark.slow  # a long file: collected first (tests/conftest.py)
+
 pytest.importorskip("xgrammar", reason="constrained decoding needs xgrammar (make install)")
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from storage import NodeRow, Store, TrajectoryRow
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CONFIG = """\
 run: {name: e2e}

@@ -25,6 +25,8 @@ from offline_agent.types import Step, Trajectory
 from pipelines.config import ConfigError, RunConfig
 from storage import EvalEpisodeRow, Store
 
+pytestmark = pytest.mark.slow  # a long file: collected first (tests/conftest.py)
+
 
 # ---- statistics -----------------------------------------------------------------------------
 def test_wilson_hand_values():

@@ -24,6 +24,8 @@ from offline_agent.training.logprobs import token_logps
 from offline_agent.training.model import add_lora
 from tests.pick_env import PickLong, biased_tiny_model
 
+pytestmark = pytest.mark.slow  # a long file: collected first (tests/conftest.py)
+
 pytest.importorskip("xgrammar", reason="constrained decoding needs xgrammar (make install)")
 
 

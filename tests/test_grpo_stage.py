@@ -27,6 +27,8 @@ from pipelines.stages.eval import eval_policies
 from storage import Store
 from tests.pick_env import Pick, PickTwice, biased_tiny_model
 
+pytestmark = pytest.mark.slow  # a long file: collected first (tests/conftest.py)
+
 GRPO = [s for s in STAGES if s.name in ("tasks", "grpo")]
 
 

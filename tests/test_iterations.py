@@ -16,6 +16,8 @@ from pipelines.runner import run
 from pipelines.stages import STAGES, pipeline
 from storage import TREES_PER_ROUND, Store
 
+pytestmark = pytest.mark.slow  # a long file: collected first (tests/conftest.py)
+
 pytest.importorskip("xgrammar", reason="the tiny model's valid actions need xgrammar")
 
 CONFIG = """\

@@ -15,6 +15,8 @@ from pipelines.stages import STAGES
 from storage import TrajectoryRow, TreeRow
 from tests.rows import node_row
 
+pytestmark = pytest.mark.slow  # a long file: collected first (tests/conftest.py)
+
 TASKS = 2
 STAGE = {s.name: s for s in STAGES}
 

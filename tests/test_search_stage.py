@@ -12,6 +12,8 @@ import pytest
 
 from storage import Store
 
+pytestmark = pytest.mark.slow  # a long file: collected first (tests/conftest.py)
+
 CONFIG = """\
 run: {{name: resume, seed: 0}}
 model: {{id: {model}, device: cpu, max_batch: 64, prefix_cache_gb: {cache}}}

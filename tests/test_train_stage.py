@@ -16,6 +16,8 @@ from pipelines.stages import STAGES
 from storage import ExampleRow, MetricRow, PairRow, Store
 from tests.test_training import step_pair, trajectory_pair
 
+pytestmark = pytest.mark.slow  # a long file: collected first (tests/conftest.py)
+
 TRAIN = [s for s in STAGES if s.name == "train"]
 
 

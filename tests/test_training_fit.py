@@ -17,6 +17,8 @@ from offline_agent.training.fit import fit_policy
 from offline_agent.training.logprobs import messages
 from tests.test_training import step_pair, trajectory_pair
 
+pytestmark = pytest.mark.slow  # a long file: collected first (tests/conftest.py)
+
 
 def margins(policy, pairs) -> list[float]:
     """log p(chosen) - log p(rejected) of each step pair's action under `policy`."""
