@@ -21,13 +21,13 @@ from pipelines.report_table import (
 )
 
 STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1100px;
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1280px;
        color: #222; padding: 0 16px; }
 h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; }
 table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
 th, td { padding: 4px 7px; border-bottom: 1px solid #eee; text-align: left;
          font-variant-numeric: tabular-nums; vertical-align: top; }
-th { background: #f5f5f5; white-space: nowrap; } .missing { color: #888; font-style: italic; }
+th { background: #f5f5f5; } .wide { overflow-x: auto; } .missing { color: #888; font-style: italic; }
 .note { color: #555; font-size: 13px; } svg { max-width: 100%; height: auto; }
 .grid { display: flex; flex-wrap: wrap; gap: 24px; }
 details { margin: 4px 0; } summary { cursor: pointer; }
@@ -72,7 +72,7 @@ def _table(header: list[str], rows: list[list]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in r) + "</tr>"
                    for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<div class='wide'><table><tr>{head}</tr>{body}</table></div>"
 
 
 def _comparison(policies: list[dict]) -> str:
