@@ -96,6 +96,8 @@ def main() -> None:
     ap.add_argument("run_dir", type=Path, help="a run whose critic stage fitted a critic")
     ap.add_argument("--tasks", type=int, default=16, help="unseen train tasks searched")
     ap.add_argument("--simulations", type=int, default=0, help="0: the run's search.simulations")
+    ap.add_argument("--leaf-value", choices=("rollout", "critic", "mix"),
+                    help="search.leaf_value on both sides; default: the run's")
     ap.add_argument("--critic", type=Path, help="a fitted value model folder; default: the one "
                     "the run's critic stage recorded (needs the store, which a live run holds)")
     args = ap.parse_args()
@@ -105,6 +107,8 @@ def main() -> None:
     cfg = RunConfig.load(args.run_dir / "config.yaml", [])
     if args.simulations:
         cfg = replace(cfg, search=replace(cfg.search, simulations=args.simulations))
+    if args.leaf_value:
+        cfg = replace(cfg, search=replace(cfg.search, leaf_value=args.leaf_value))
     folder = args.critic
     if folder is None:
         with Store(args.run_dir / "store.duckdb", read_only=True) as store:
