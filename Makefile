@@ -43,11 +43,10 @@ lock:
 demo: install
 	$(VENV)/bin/offline-agent run configs/default.yaml --run-dir $(RUN_DIR)
 
-# Three workers on two cores, one file each at a time (module fixtures stay shared), one
-# thread each: the suite waits on subprocesses (sandbox, CLI, TRL) as much as it computes.
-# Long files (marked slow) start first. Idle 2-core machine, 775 tests: 229 s with 3 workers,
-# 246 s with 2, one after the other.
-TEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 3 --dist loadfile --durations=12
+# Two workers, one file each at a time (module fixtures stay shared), one thread each: the
+# suite waits on subprocesses (sandbox, CLI, TRL) as much as it computes. Long files (marked
+# slow) start first. Three workers measured no faster overall (docs/performance.md).
+TEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --durations=12
 
 test: install
 	$(TEST)
