@@ -15,7 +15,6 @@ read-only; nothing is written.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 from offline_agent.critic import value_model
 from offline_agent.critic.config import CriticConfig
 from offline_agent.critic.fit import encode_tree, fit, predict
+from offline_agent.critic.targets import seeded_order
 from offline_agent.search.concordance import concordance
 from pipelines.config import RunConfig, make_env
 from pipelines.stages.critic import stored_trees
@@ -31,7 +31,7 @@ from storage import Store
 
 def folds_of(task_ids: list[str], folds: int, seed: int) -> list[list[str]]:
     """Task ids in `folds` seeded folds (a seeded hash order, dealt round-robin)."""
-    order = sorted(set(task_ids), key=lambda t: hashlib.md5(f"{seed}:{t}".encode()).hexdigest())
+    order = seeded_order(task_ids, seed)
     return [order[f::folds] for f in range(folds)]
 
 

@@ -19,7 +19,7 @@ import torch
 from offline_agent.chat import history_messages
 from offline_agent.critic.config import CriticConfig
 from offline_agent.critic.targets import Target, families, split_tasks
-from offline_agent.critic.value_model import ValueModel, encode_actions, pack_values
+from offline_agent.critic.value_model import ValueModel, encode_actions, pack_values, values_of
 from offline_agent.mining.build import StoredNode, path_steps
 from offline_agent.training.logprobs import Encoded, groups
 from offline_agent.types import Message, Task
@@ -72,13 +72,8 @@ def packs(items: list[Item], budget: int) -> list[list[Item]]:
 
 def predict(model: ValueModel, items: list[Item], budget: int) -> dict[int, float]:
     """node id -> V of every target of `items` (no grad)."""
-    out: dict[int, float] = {}
-    with torch.no_grad():
-        for pack in packs(items, budget):
-            values = model(pack_values([s for item in pack for s in item.seqs])).tolist()
-            ids = [t.node_id for item in pack for t in item.targets]
-            out.update(zip(ids, values))
-    return out
+    values = values_of(model, [item.seqs for item in items], budget)
+    return {t.node_id: v for item, vs in zip(items, values) for t, v in zip(item.targets, vs)}
 
 
 def _arrays(items: list[Item]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from offline_agent.chat import history_messages
 from offline_agent.critic import value_model
-from offline_agent.critic.value_model import ValueModel, encode_actions, pack_values
+from offline_agent.critic.value_model import ValueModel, encode_actions
 from offline_agent.envs.base import Env
 from offline_agent.search.requests import Critique
-from offline_agent.training.logprobs import Encoded, groups
 
 
 class LearnedCritic:
@@ -34,14 +31,6 @@ class LearnedCritic:
         return cls(value_model.load(folder, device), tokenizer, env, budget)
 
     def score(self, requests: list[Critique]) -> list[list[float]]:
-        seqs = [encode_actions(self.tokenizer, history_messages(
+        return value_model.values_of(self.model, [encode_actions(self.tokenizer, history_messages(
             self.system, r.task.instruction, r.first_observation, r.steps, self.demo), r.actions)
-            for r in requests]
-        out: list[list[float]] = [[] for _ in requests]
-        with torch.no_grad():
-            for group in groups([[Encoded(ids, []) for ids in s] for s in seqs], self.budget):
-                values = iter(self.model(pack_values([ids for i in group for ids in seqs[i]]))
-                              .tolist())
-                for i in group:
-                    out[i] = [next(values) for _ in seqs[i]]
-        return out
+            for r in requests], self.budget)

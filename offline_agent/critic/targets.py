@@ -64,10 +64,15 @@ def families(nodes: Sequence[StoredChild]) -> list[Family]:
     return [Family(p, kids) for p, kids in sorted(by_parent.items())]
 
 
+def seeded_order(task_ids: Sequence[str], seed: int) -> list[str]:
+    """The distinct task ids in a seeded hash order (stable across processes)."""
+    return sorted(set(task_ids), key=lambda t: hashlib.md5(f"{seed}:{t}".encode()).hexdigest())
+
+
 def split_tasks(task_ids: Sequence[str], holdout: float, seed: int) -> tuple[list[str], list[str]]:
     """(train, validation) task ids: a seeded hash order, its last round(holdout * n) held out
     (at least one when holdout > 0 and there are two tasks or more)."""
-    order = sorted(set(task_ids), key=lambda t: hashlib.md5(f"{seed}:{t}".encode()).hexdigest())
+    order = seeded_order(task_ids, seed)
     n_val = round(holdout * len(order))
     if holdout > 0 and len(order) > 1:
         n_val = min(max(n_val, 1), len(order) - 1)

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from offline_agent.chat import encode_prompt_completion
 from offline_agent.policy.adapters import import_peft, quiet_peft
 from offline_agent.training import trie_attention
-from offline_agent.training.logprobs import Trie, ancestors
+from offline_agent.training.logprobs import Encoded, Trie, ancestors, groups
 from offline_agent.types import Message
 
 HEAD, META = "value_head.safetensors", "critic.json"
@@ -96,6 +96,18 @@ class ValueModel(torch.nn.Module):
 
     def forward(self, packed: ValuePacked) -> torch.Tensor:
         return self.head(self.features(packed)).squeeze(-1)
+
+
+def values_of(model: ValueModel, states: list[list[list[int]]], budget: int) -> list[list[float]]:
+    """V of each state's action sequences (encode_actions), in tries of at most `budget`
+    tokens, one forward each (no grad): what scoring in search and prediction in the fit run."""
+    out: list[list[float]] = [[] for _ in states]
+    with torch.no_grad():
+        for group in groups([[Encoded(ids, []) for ids in s] for s in states], budget):
+            values = iter(model(pack_values([ids for i in group for ids in states[i]])).tolist())
+            for i in group:
+                out[i] = [next(values) for _ in states[i]]
+    return out
 
 
 def build(lm, lora_r: int, seed: int, target_modules: list[str]) -> ValueModel:

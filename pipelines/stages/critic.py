@@ -55,21 +55,23 @@ def load_learned(ctx: StageContext, r: int):
     from offline_agent.critic.learned import LearnedCritic
     from offline_agent.critic.value_model import resolve_device
 
-    folder = fitted_folder(ctx.store, ctx.run_dir, r)
-    if folder is None:
-        raise RunError(f"search.critic is learned, but {round_name('critic', r)!r} has "
-                       "fitted no critic")
-    return LearnedCritic.load(folder, make_env(ctx.cfg), resolve_device(ctx.cfg.model.device),
+    return LearnedCritic.load(_fitted(ctx.store, ctx.run_dir, r), make_env(ctx.cfg), resolve_device(ctx.cfg.model.device),
                               ctx.cfg.critic.pack_tokens)
 
 
 def learned_values(store: Store, run_dir: Path, r: int) -> dict[int, float]:
     """node id -> V of every node of the trees critic@r fitted on, as mining reads them."""
+    values = json.loads((_fitted(store, run_dir, r) / VALUES).read_text())
+    return {int(k): v for k, v in values.items()}
+
+
+def _fitted(store: Store, run_dir: Path, r: int) -> Path:
+    """fitted_folder, or a RunError where round r fitted none."""
     folder = fitted_folder(store, run_dir, r)
     if folder is None:
         raise RunError(f"search.critic is learned, but stage {round_name('critic', r)!r} has "
-                       "not fitted a critic; run it first")
-    return {int(k): v for k, v in json.loads((folder / VALUES).read_text()).items()}
+                       "fitted no critic; run it first")
+    return folder
 
 
 def stored_trees(store: Store, r: int) -> list[tuple[str, list[NodeRow]]]:
@@ -111,7 +113,8 @@ def _fit(ctx: StageContext) -> dict:
         (tmp / VALUES).write_text(json.dumps({str(k): v for k, v in values.items()}))
 
     folder = write_atomic(ctx.checkpoint_dir / "final", fill)
-    held_out = [(tasks[t].env, nodes) for t, nodes in trees if t in set(fitted.val_tasks)]
+    val = set(fitted.val_tasks)
+    held_out = [(tasks[t].env, nodes) for t, nodes in trees if t in val]
     stats = {"folder": str(folder.relative_to(ctx.run_dir)), "trees": len(trees),
              **fitted.metrics, "concordance_trees": len(held_out),
              CONCORDANCE: concordance(held_out, lambda c: values.get(c.node_id)),
