@@ -55,8 +55,8 @@ def load_learned(ctx: StageContext, r: int):
     from offline_agent.critic.learned import LearnedCritic
     from offline_agent.critic.value_model import resolve_device
 
-    return LearnedCritic.load(_fitted(ctx.store, ctx.run_dir, r), make_env(ctx.cfg), resolve_device(ctx.cfg.model.device),
-                              ctx.cfg.critic.pack_tokens)
+    return LearnedCritic.load(_fitted(ctx.store, ctx.run_dir, r), make_env(ctx.cfg),
+                              resolve_device(ctx.cfg.model.device), ctx.cfg.critic.pack_tokens)
 
 
 def learned_values(store: Store, run_dir: Path, r: int) -> dict[int, float]:
