@@ -24,6 +24,7 @@ from storage.rows import EvalEpisodeRow
 
 MODE = "greedy"  # the mode evaluation always plays (greedy_episodes): eval_episodes.mode
 MCTS_MODE = "mcts"  # eval.mcts: verifier-free search, then the committed episode (search/inference.py)
+MCTS_COMMITS = ("path", "step")  # eval.mcts_commit: how search at inference commits
 BASE = "base"  # the policy name of the untrained model, which every other is compared to
 TEST = "test"  # the split of the held-out tasks: the only one the report's tables read
 VAL = "val"  # the split of validation tasks (env.val_tasks): never in the test table
@@ -42,7 +43,11 @@ class EvalConfig:
                                "shown beside every p-value", hashed=False)
     mcts: bool = _f(False, "also play each policy with verifier-free search at inference, the "
                            "+MCTS rows (docs/evaluation.md)")
-    mcts_simulations: int = _f(8, "simulations per test task of eval.mcts's search")
+    mcts_simulations: int = _f(8, "simulations of eval.mcts's search: per test task (commit "
+                                  "path), or per step (commit step)")
+    mcts_commit: str = _f("path", "how eval.mcts commits: path (search once, play the "
+                                  "most-visited path) or step (search again before every "
+                                  "action, commit the most-visited one)")
     mcts_tasks: int = _f(0, "eval.mcts searches only the first N test tasks (0: all); its rows "
                             "are paired with greedy on those tasks")
 
@@ -54,6 +59,9 @@ class EvalConfig:
             raise ValueError("eval.configs_tried must be >= 1 (this run's config counts)")
         if self.mcts_simulations < 1 or self.mcts_tasks < 0:
             raise ValueError("eval.mcts_simulations must be >= 1 and eval.mcts_tasks >= 0")
+        if self.mcts_commit not in MCTS_COMMITS:
+            raise ValueError(f"eval.mcts_commit must be one of {MCTS_COMMITS}, got "
+                             f"{self.mcts_commit!r}")
 
     def modes(self, tasks: list[Task]) -> dict[str, list[Task]]:
         """{eval mode: the test tasks it plays}: greedy on all, and with `mcts` search on the

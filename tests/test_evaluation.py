@@ -276,7 +276,8 @@ def test_eval_stage_refuses_a_missing_adapter(tmp_path, tiny_model_dir):
         run(cfg, tmp_path / "run", STAGES, until="eval")
 
 
-def test_search_at_inference_is_stored_per_task_and_resumes(trained_run, monkeypatch):
+@pytest.mark.parametrize("commit", ["path", "step"])
+def test_search_at_inference_is_stored_per_task_and_resumes(trained_run, monkeypatch, commit):
     """eval.mcts on 2 of the 3 test tasks: killed after base's first searched task, the
     resumed stage searches only base's second, then the adapter's two."""
     import offline_agent.search.inference as inference
@@ -285,13 +286,13 @@ def test_search_at_inference_is_stored_per_task_and_resumes(trained_run, monkeyp
 
     cfg, run_dir = trained_run
     cfg = RunConfig.from_dict({**cfg.to_dict(), "eval": {"mcts": True, "mcts_simulations": 2,
-                                                         "mcts_tasks": 2}})
+                                                         "mcts_tasks": 2, "mcts_commit": commit}})
     searched, real_search = [], inference.search_and_commit
 
-    def spy(policy, make_env, tasks, searcher, batch_size, on_done):
+    def spy(policy, make_env, tasks, searcher, batch_size, on_done, commit):
         searched.append([t.id for t in tasks])
         assert not searcher.cfg.verifier and searcher.cfg.simulations == 2
-        return real_search(policy, make_env, tasks, searcher, batch_size, on_done)
+        return real_search(policy, make_env, tasks, searcher, batch_size, on_done, commit)
 
     inserted, real_insert = [], Store.insert_eval_episodes
 
@@ -316,7 +317,11 @@ def test_search_at_inference_is_stored_per_task_and_resumes(trained_run, monkeyp
         ("base", first), ("base", second), ("dpo_step", first), ("dpo_step", second)]
     stats = results["eval"]["stats"]
     assert stats["base+mcts"]["n_tasks"] == 2 and stats["base"]["n_tasks"] == 3
-    assert stats["dpo_step+mcts"]["search"]["simulations"] == 4
+    simulations = stats["dpo_step+mcts"]["search"]["simulations"]
+    if commit == "path":  # 2 per task
+        assert simulations == 4
+    else:  # 2 per committed step: at least one step per task
+        assert simulations >= 4 and simulations % 2 == 0
 
 
 def test_search_at_inference_takes_the_learned_critic_only_where_one_was_fitted(tmp_path):

@@ -11,11 +11,19 @@ import pytest
 
 from offline_agent.envs.math import CalculatorMath
 from offline_agent.envs.minishop import MiniShop
+from offline_agent.evaluation import EvalConfig
 from offline_agent.policy.base import Completion, serve_in_lockstep
 from offline_agent.rollout import run_episodes
 from offline_agent.search.config import SearchConfig
 from offline_agent.search.critic import Critic
-from offline_agent.search.inference import inference_config, most_visited_path, search_and_commit
+from offline_agent.search.inference import (
+    committed,
+    inference_config,
+    most_visited_child,
+    most_visited_path,
+    search_and_commit,
+    search_by_step,
+)
 from offline_agent.search.mcts import (
     UNSCORED,
     Ending,
@@ -208,6 +216,50 @@ def test_most_visited_path_on_a_hand_built_tree():
              Node(id=8, parent=6, depth=3, visits=0, action="baa")]  # never visited: not taken
     tree = Tree(task=Task(id="t", env="e", instruction=""), nodes=nodes)
     assert [n.action for n in most_visited_path(tree)] == ["b", "ba"]
+
+
+def test_a_tie_in_visits_goes_to_the_higher_q_and_a_base_commits_its_path():
+    nodes = [Node(id=0, parent=None, depth=0, visits=4, children=[1, 2]),
+             Node(id=1, parent=0, depth=1, visits=2, value_sum=0.2, action="a", children=[3]),
+             Node(id=2, parent=0, depth=1, visits=2, value_sum=0.8, action="b", children=[4, 5]),
+             Node(id=3, parent=1, depth=2, visits=2, action="aa"),
+             Node(id=4, parent=2, depth=2, visits=0, action="ba"),
+             Node(id=5, parent=2, depth=2, visits=1, action="bb")]
+    tree = Tree(task=Task(id="t", env="e", instruction=""), nodes=nodes)
+    assert most_visited_child(tree, nodes[0]).action == "b"
+    assert most_visited_child(tree, nodes[4]) is None
+    assert [n.action for n in committed(tree)] == ["b", "bb"]
+    tree.base = 1  # committed "a" step by step: the path goes through it, whatever the visits
+    assert [n.action for n in most_visited_path(tree)] == ["aa"]
+    assert [n.action for n in committed(tree)] == ["a", "aa"]
+
+
+@pytest.mark.parametrize("sims", [1, 3])
+def test_step_commits_search_again_from_each_committed_state(tokenizer, sims):
+    policy, make_env, searcher, tasks = inference(tokenizer, SubmitCorridor, n_tasks=4, sims=sims)
+    trees = [Tree.new(t, make_env()) for t in tasks]
+    totals = search_by_step(searcher, trees, progress=False)
+    for tree in trees:
+        base = tree.nodes[tree.base]
+        assert base.terminal and base.depth >= 1
+        assert tree.simulations_done == sims * base.depth  # `sims` more for every action
+        for node in tree.path(base)[1:]:  # each still the most-visited of its siblings
+            assert most_visited_child(tree, tree.nodes[node.parent]) is node
+    assert totals["simulations"] == sum(t.simulations_done for t in trees)
+    SubmitCorridor.verifier_calls, episodes = 0, []
+    search_and_commit(policy, make_env, tasks, searcher, batch_size=3, on_done=episodes.append,
+                      commit="step", progress=False)
+    submitted = sum(e.steps[-1].action == "submit" for e in episodes)
+    assert SubmitCorridor.verifier_calls == submitted >= 1  # the searches read no reward;
+    by_task = {e.task_id: e for e in episodes}  # an episode cut at the depth limit none
+    for tree in trees:  # the same seeded searches: the committed actions are the episode
+        episode = by_task[tree.task.id]
+        assert [s.action for s in episode.steps] == [n.action for n in committed(tree)]
+        assert episode.steps[-1].done
+    with pytest.raises(ValueError, match="commit must be one of"):
+        search_and_commit(policy, make_env, tasks, searcher, 3, episodes.append, commit="greedy")
+    with pytest.raises(ValueError, match="eval.mcts_commit"):
+        EvalConfig(mcts_commit="greedy")
 
 
 def test_prefixes_are_replayed_before_the_policy_plays(tokenizer):

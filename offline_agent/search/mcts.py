@@ -74,6 +74,7 @@ class Tree:
     task: Task
     nodes: list[Node]
     simulations_done: int = 0
+    base: int = 0  # where selection starts: the root, or at inference the last committed node
 
     @classmethod
     def new(cls, task: Task, env: Env) -> Tree:
@@ -269,8 +270,9 @@ def simulate(
 
 
 def select_leaf(tree: Tree, cfg: SearchConfig) -> Node:
-    """Selection: descend from the root through expanded, non-terminal nodes."""
-    node = tree.root
+    """Selection: descend from the tree's base (the root, unless search at inference has
+    committed steps) through expanded, non-terminal nodes."""
+    node = tree.nodes[tree.base]
     while node.children and not node.terminal:
         node = select_child(tree, node, cfg)
     return node

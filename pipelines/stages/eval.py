@@ -138,5 +138,5 @@ def _search(ctx: StageContext, policy, tasks: list[Task], on_done) -> dict:
     critic = inference_critic(ctx, policy, make_env(cfg))
     searcher = Searcher(policy, lambda: make_env(cfg), search, critic)
     totals = search_and_commit(policy, lambda: make_env(cfg), tasks, searcher,
-                               cfg.model.max_batch, on_done)
+                               cfg.model.max_batch, on_done, commit=cfg.eval.mcts_commit)
     return {k: round(v, 3) for k, v in totals.items()}
