@@ -51,7 +51,7 @@ def bulk(path: Path, rows: list[NodeRow], batch: int) -> tuple[float, float]:
         for i in range(0, len(rows), batch):
             store.insert_nodes(rows[i : i + batch])
         insert = time.perf_counter() - start
-        updates = [NodeVisits(r.node_id, 3, 1.5) for r in rows]
+        updates = [NodeVisits(r.node_id, 3, 1.5, 1.5) for r in rows]
         start = time.perf_counter()
         for i in range(0, len(updates), batch):
             store.update_visits(updates[i : i + batch])

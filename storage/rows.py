@@ -69,6 +69,7 @@ class NodeRow(Row):
     info: dict | None = None  # the env's StepResult.info
     snapshot: dict | None = None  # Env.snapshot() after the action (None where not read)
     token_ids: list[int] | None = None  # the ids the policy generated (None: env-listed)
+    realized_sum: float = 0.0  # value_sum's returns from the policy's own playouts
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class NodeVisits(Row):
     node_id: int
     visits: int
     value_sum: float
+    realized_sum: float
 
 
 @dataclass(frozen=True)

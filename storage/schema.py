@@ -166,7 +166,13 @@ V6 = ["ALTER TABLE nodes ADD COLUMN token_ids JSON"]
 # history. Opening a store that still holds one fails before this runs (Store._migrate).
 V7 = ["ALTER TABLE nodes DROP COLUMN pickled_snapshot"]
 
-MIGRATIONS: list[list[str]] = [V1, V2, V3, V4, V5, V6, V7]
+# search: each node's sum of its simulations' returns had the policy's own playout been
+# counted (search.finish backs up the best listed ending instead); the learned critic fits
+# these. Trees stored before it take the backed-up sums (equal to them with finish off).
+V8 = ["ALTER TABLE nodes ADD COLUMN realized_sum DOUBLE DEFAULT 0",
+      "UPDATE nodes SET realized_sum = value_sum"]
+
+MIGRATIONS: list[list[str]] = [V1, V2, V3, V4, V5, V6, V7, V8]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # schema versions whose nodes may hold pickled env snapshots, and the column holding them
@@ -237,7 +243,8 @@ BASELINE = {
         ending DOUBLE,                       -- best reward of a listed action ending it here
         info JSON,                           -- the env's StepResult.info
         snapshot JSON,                       -- Env.snapshot() after the action: JSON data
-        token_ids JSON                       -- the ids the policy generated; NULL: env-listed
+        token_ids JSON,                      -- the ids the policy generated; NULL: env-listed
+        realized_sum DOUBLE DEFAULT 0        -- value_sum's returns as the policy played them
         )""",
     "trajectories": """CREATE TABLE trajectories (
         traj_id BIGINT PRIMARY KEY,

@@ -447,12 +447,13 @@ class Store:
         self._insert("nodes", self._dicts(NodeRow, rows))
 
     def update_visits(self, rows: Sequence[NodeVisits]) -> None:
-        """Bulk update of stored nodes' visits and value_sum (search's backup)."""
+        """Bulk update of stored nodes' visits, value_sum and realized_sum (search's backup)."""
         if not rows:
             return
         with self._registered("nodes", self._dicts(NodeVisits, rows)), self.transaction():
             (n,) = self._sql(
-                "UPDATE nodes SET visits = u.visits, value_sum = u.value_sum "
+                "UPDATE nodes SET visits = u.visits, value_sum = u.value_sum, "
+                "realized_sum = u.realized_sum "
                 "FROM _batch_nodes u WHERE nodes.node_id = u.node_id"
             )[0]
             if n != len(rows):

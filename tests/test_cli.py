@@ -174,7 +174,7 @@ def test_merge_of_shards_equals_unsharded_run(tmp_path, config, finished, capsys
     shutil.copytree(b, c)
     with Store(c / "store.duckdb") as s:
         (root,) = [n for n in s.load_tree(1) if n.node_id == make_node_id(1, 0)]
-        s.update_visits([NodeVisits(root.node_id, 99, root.value_sum)])
+        s.update_visits([NodeVisits(root.node_id, 99, root.value_sum, root.realized_sum)])
     assert main(["merge", str(tmp_path / "m2"), str(a), str(b), str(c)]) == 2
     err = capsys.readouterr().err
     assert "nodes row" in err and "Traceback" not in err

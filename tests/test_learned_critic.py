@@ -22,14 +22,15 @@ from tests.test_mining import random_trees, store_with
 
 
 def hand_tree() -> list:
-    """Root with a (visited twice, returns sum 1.5), b (never visited), c (terminal, reward
-    1, never visited), d (terminal without a reward, visited once); under a: e (visited)."""
-    return [node(0, 0, visits=3, value_sum=2.0, action=""),
-            node(0, 1, 0, visits=2, value_sum=1.5, action="a"),
+    """Root with a (visited twice, its policy's playouts' returns sum 1.5, the best endings'
+    1.9), b (never visited), c (terminal, reward 1, never visited), d (terminal without a
+    reward, visited once); under a: e (visited)."""
+    return [node(0, 0, visits=3, value_sum=2.4, realized_sum=2.0, action=""),
+            node(0, 1, 0, visits=2, value_sum=1.9, realized_sum=1.5, action="a"),
             node(0, 2, 0, action="b"),
             node(0, 3, 0, terminal=True, reward=1.0, action="c"),
-            node(0, 4, 0, visits=1, value_sum=0.2, terminal=True, action="d"),
-            node(0, 5, 1, depth=2, visits=1, value_sum=0.5, action="e")]
+            node(0, 4, 0, visits=1, value_sum=0.2, realized_sum=0.2, terminal=True, action="d"),
+            node(0, 5, 1, depth=2, visits=1, value_sum=0.9, realized_sum=0.5, action="e")]
 
 
 def test_targets_and_weights_on_a_hand_built_tree():
@@ -39,7 +40,7 @@ def test_targets_and_weights_on_a_hand_built_tree():
     fams = families(rows)
     assert [f.parent_id for f in fams] == [nid(0), nid(1)]
     assert fams[0].children == [
-        Target(nid(1), 0.75, 2.0),  # Q_mcts, weighted by its visits
+        Target(nid(1), 0.75, 2.0),  # the realized mean (not Q_mcts .95), weighted by visits
         Target(nid(3), 1.0, 1.0),  # terminal: its reward, weight at least 1
         Target(nid(4), 0.0, 1.0)]  # terminal with no reward: 0 (its mean return .2 is not used)
     assert fams[1].children == [Target(nid(5), 0.5, 1.0)]  # b, unvisited: no target
@@ -63,10 +64,11 @@ def tiny_trees(tokenizer) -> list:
 
     items = []
     for t in range(4):
-        rows = [node(t, 0, visits=4, value_sum=2.0, observation=f"page {t}")]
+        rows = [node(t, 0, visits=4, value_sum=2.0, realized_sum=2.0, observation=f"page {t}")]
         for j, word in enumerate(["good", "bad", "good idea", "bad idea"]):
             q = 1.0 if word.startswith("good") else 0.0
-            rows.append(node(t, j + 1, 0, visits=1, value_sum=q, action=word, observation="ok"))
+            rows.append(node(t, j + 1, 0, visits=1, value_sum=q, realized_sum=q, action=word,
+                             observation="ok"))
         task = Task(f"task{t}", "fake", f"do {t}")
         items += encode_tree(tokenizer, "You act.", [], task, rows)
     return items

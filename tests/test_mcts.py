@@ -64,10 +64,11 @@ def test_ucb1_and_puct_by_hand():
 def test_backup_is_a_running_mean():
     nodes = [Node(id=0, parent=None, depth=0), Node(id=1, parent=0, depth=1)]
     for r in (1.0, 0.0, 0.5):
-        backup(nodes, r)
+        backup(nodes, r, r / 2)
     assert [n.visits for n in nodes] == [3, 3]
     assert nodes[1].q == pytest.approx(0.5)
     assert nodes[0].value_sum == pytest.approx(1.5)
+    assert nodes[0].realized_sum == nodes[1].realized_sum == pytest.approx(0.75)
 
 
 def test_select_prefers_critic_for_unvisited_then_ucb():
@@ -335,6 +336,7 @@ def test_rollouts_finish_where_the_env_offers_an_ending_the_policy_never_writes(
 
     tree, plain = first_simulation(finish=False)
     assert plain.reward == 0.0  # walked to max depth, never scored
+    assert tree.root.realized_sum == tree.root.value_sum == 0.0
     assert [s.action for s in plain.trajectory.steps] == ["go[right]"] * 4
     assert sum(rollout_steps) == 3
     rollout_steps.clear()
@@ -345,3 +347,5 @@ def test_rollouts_finish_where_the_env_offers_an_ending_the_policy_never_writes(
     assert [s.action for s in result.trajectory.steps] == ["go[right]", "go[right]", "stop"]
     assert result.trajectory.steps[-1].done and result.trajectory.success
     assert tree.root.q == 1.0 and len(tree.nodes) == 2  # the tree itself holds only go[right]
+    # the policy itself only walked on, to max depth: what it realised is 0
+    assert [n.realized_sum for n in tree.nodes] == [0.0, 0.0]

@@ -117,6 +117,7 @@ def test_an_older_store_is_migrated_and_keeps_its_rows(tmp_path):
         assert s.schema_version == SCHEMA_VERSION and s.run_id == "r1"
         (node,) = s.load_tree(0)
     assert (node.node_id, node.action, node.visits, node.value_sum) == (7, "buy", 3, 1.5)
+    assert node.realized_sum == 1.5  # older trees: the backed-up returns stand in
     assert node.ending is None and node.snapshot is None
     names = [c[0] for c in columns(path)["nodes"]]
     assert "prior" not in names and "env_snapshot" not in names
@@ -210,7 +211,8 @@ def test_read_only_needs_existing_file(tmp_path):
 def test_nodes_round_trip_and_bulk_update(tmp_path):
     with Store(tmp_path / "s.duckdb") as s:
         s.insert_nodes(nodes(7, 4))
-        s.update_visits([NodeVisits(make_node_id(7, i), i + 1, 0.5 * i) for i in range(4)])
+        s.update_visits([NodeVisits(make_node_id(7, i), i + 1, 0.5 * i, 0.25 * i)
+                         for i in range(4)])
         rows = s.load_tree(7)
         assert [r.node_id for r in rows] == [make_node_id(7, i) for i in range(4)]
         assert rows[0].parent_id is None and rows[0].tool_call is None
@@ -218,7 +220,8 @@ def test_nodes_round_trip_and_bulk_update(tmp_path):
         assert rows[2].snapshot == {"task": None, "num_steps": 2, "state": {"page": [2, "x"]}}
         assert [(r.visits, r.value_sum) for r in rows] == [(1, 0), (2, 0.5), (3, 1), (4, 1.5)]
         assert rows[3].terminal is False and rows[3].reward is None  # column defaults
-        assert rows == [dataclasses.replace(r, visits=i + 1, value_sum=0.5 * i)  # round trip
+        assert rows == [dataclasses.replace(r, visits=i + 1, value_sum=0.5 * i,  # round trip
+                                            realized_sum=0.25 * i)
                         for i, r in enumerate(nodes(7, 4))]
         assert [r.snapshot for r in s.tree_edges([7])] == [None] * 4  # not read there
         assert [dataclasses.replace(r, snapshot=None) for r in rows] == s.tree_edges([7])
@@ -235,7 +238,7 @@ def test_write_mistakes_raise(tmp_path):
         with pytest.raises(TypeError, match="expected NodeRow rows, got dict"):
             s.insert_nodes([{"node_id": 99, "tree_id": 0, "depth": 0}])
         with pytest.raises(ValueError, match="1 of 2 node ids unknown"):
-            s.update_visits([NodeVisits(0, 1, 0.0), NodeVisits(12345, 1, 0.0)])
+            s.update_visits([NodeVisits(0, 1, 0.0, 0.0), NodeVisits(12345, 1, 0.0, 0.0)])
         assert len(s.load_tree(0)) == 2 and s.load_tree(0)[0].visits == 0  # rolled back
         with pytest.raises(ValueError):
             make_node_id(0, 1 << 24)
@@ -333,7 +336,7 @@ def test_merge_refuses_collisions(tmp_path):
         fill(s, tree_ids=(0,))
     with Store(b) as s:
         fill(s, tree_ids=(0,))
-        s.update_visits([NodeVisits(make_node_id(0, 1), 3, 0.0)])
+        s.update_visits([NodeVisits(make_node_id(0, 1), 3, 0.0, 0.0)])
     with Store(tmp_path / "out.duckdb") as s:
         with pytest.raises(MergeConflict, match=r"nodes row \(node_id=1\)"):
             merge_shards(s, [a, b])

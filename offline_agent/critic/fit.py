@@ -31,7 +31,7 @@ class TreeNode(StoredNode, Protocol):
 
     node_id: int
     visits: int
-    value_sum: float
+    realized_sum: float
 
 
 @dataclass

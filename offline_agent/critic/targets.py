@@ -2,8 +2,10 @@
 
 A child is the action taken at its parent's state. Its target is the return search measured
 for it: a terminal child's reward (exact: the env scored the episode's end), a visited
-child's Q_mcts = value_sum / visits (a Monte Carlo mean of that many returns, so weighted by
-its visit count). An unvisited non-terminal child has no return yet: no target. A terminal
+child's realized_sum / visits (a Monte Carlo mean of that many returns, so weighted by its
+visit count). Realized: each return the policy's own playout earned, not the best listed
+ending search.finish backs up, which would teach the critic that going on is as good as the
+best ending reachable from there (docs/results.md, the finish-off run). An unvisited non-terminal child has no return yet: no target. A terminal
 child weighs max(visits, 1): its value is known even when never selected.
 
 Children are grouped by parent (a `Family`): one forward of the parent's prompt with every
@@ -25,7 +27,7 @@ class StoredChild(Protocol):
     node_id: int
     parent_id: int | None
     visits: int
-    value_sum: float
+    realized_sum: float
     terminal: bool
     reward: float | None
 
@@ -52,7 +54,7 @@ def target(child: StoredChild) -> Target | None:
         return Target(child.node_id, reward, float(max(child.visits, 1)))
     if child.visits < 1:
         return None
-    return Target(child.node_id, child.value_sum / child.visits, float(child.visits))
+    return Target(child.node_id, child.realized_sum / child.visits, float(child.visits))
 
 
 def families(nodes: Sequence[StoredChild]) -> list[Family]:

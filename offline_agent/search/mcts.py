@@ -56,6 +56,8 @@ class Node:
     invalid: bool = False
     visits: int = 0
     value_sum: float = 0.0
+    realized_sum: float = 0.0  # the same simulations' returns had the policy's own playout
+    # counted (no listed ending tried on a snapshot): what the learned critic fits
     critic_rank: int | None = None  # 0 = the critic's favourite among its siblings
     critic_score: float | None = None  # in [0, 1]; siblings' scores sum to 1
     ending: float | None = None  # best reward of a listed action that ends the episode here
@@ -193,11 +195,13 @@ def select_child(tree: Tree, node: Node, cfg: SearchConfig) -> Node:
     return max(children, key=score)
 
 
-def backup(nodes: list[Node], reward: float) -> None:
-    """Running mean along the selected path: Q <- (Q*N + R) / (N + 1)."""
+def backup(nodes: list[Node], reward: float, realized: float) -> None:
+    """Running mean along the selected path: Q <- (Q*N + R) / (N + 1); the realized return
+    keeps its own sum over the same visits."""
     for node in nodes:
         node.visits += 1
         node.value_sum += reward
+        node.realized_sum += realized
 
 
 def action_key(action: str, call: ToolCall | None) -> str:
@@ -262,10 +266,10 @@ def simulate(
         new_nodes = yield from expand(tree, node, env, cfg, sim, use_critic)
         node = select_child(tree, node, cfg)
     if cfg.leaf_value == "critic":
-        ending = at_leaf(tree, node)
+        ending = played = at_leaf(tree, node)
     else:
-        ending = yield from rollout(tree, node, env, cfg, sim)
-    value = leaf_value(node, ending, cfg)
+        ending, played = yield from rollout(tree, node, env, cfg, sim)
+    value = (leaf_value(node, ending, cfg), leaf_value(node, played, cfg))
     return backpropagate(tree, node, env, ending, value, cfg, sim, new_nodes)
 
 
@@ -398,12 +402,13 @@ def critique(tree: Tree, children: list[Node], history: list[Step], use_critic: 
 
 
 def rollout(tree: Tree, node: Node, env: Env, cfg: SearchConfig,
-            sim: int) -> Generator[Sample, list, Ending]:
+            sim: int) -> Generator[Sample, list, tuple[Ending, Ending]]:
     """Rollout: the policy plays from `node` to a terminal state or max depth. With cfg.finish,
     every state it passes also tries the env's listed actions that end the episode. Returns the
-    best ending net of step costs; ties go to the earliest (shortest)."""
+    best ending net of step costs (ties go to the earliest, shortest) and the policy's own
+    playout: the one is what search backs up, the other what the policy realises."""
     if node.terminal:
-        return at_leaf(tree, node)
+        return at_leaf(tree, node), at_leaf(tree, node)
     steps = tree.steps(node)
     env.restore(node.snapshot)
     endings: list[Ending] = []
@@ -418,8 +423,9 @@ def rollout(tree: Tree, node: Node, env: Env, cfg: SearchConfig,
         steps.append(make_step(text, *env.act(text), ids))
         if steps[-1].done:
             break
-    endings.append(Ending(steps[-1].reward if steps[-1].done else 0.0, steps, env.snapshot()))
-    return max(endings, key=lambda e: e.reward - cfg.step_cost * len(e.steps))
+    played = Ending(steps[-1].reward if steps[-1].done else 0.0, steps, env.snapshot())
+    best = max([*endings, played], key=lambda e: e.reward - cfg.step_cost * len(e.steps))
+    return best, played
 
 
 def at_leaf(tree: Tree, node: Node) -> Ending:
@@ -440,21 +446,21 @@ def leaf_value(node: Node, ending: Ending, cfg: SearchConfig) -> float:
     return critic if cfg.leaf_value == "critic" else (ret + critic) / 2
 
 
-def backpropagate(tree: Tree, node: Node, env: Env, ending: Ending, value: float,
+def backpropagate(tree: Tree, node: Node, env: Env, ending: Ending, value: tuple[float, float],
                   cfg: SearchConfig, sim: int, new_nodes: list[int]) -> SimulationResult:
-    """Backup: `value` joins the running mean of every node from the root to `node`, and the
-    tree counts one more simulation. Verifier-free, the trajectory claims no achieved task
+    """Backup: `value` (the best ending's, the policy's own playout's) joins the running means
+    of every node from the root to `node`, and the tree counts one more simulation. Verifier-free, the trajectory claims no achieved task
     (hindsight reads the terminal state)."""
     env.restore(ending.snapshot)
     path = tree.path(node)
-    backup(path, value)
+    backup(path, *value)
     tree.simulations_done += 1
     task = tree.task
     achieved = env.describe_achieved() if cfg.verifier else None
     trajectory = Trajectory(task_id=task.id, env=task.env, instruction=task.instruction,
                             first_observation=tree.root.observation, steps=ending.steps,
                             reward=ending.reward, achieved=achieved)
-    return SimulationResult(sim, trajectory, value, new_nodes, [n.id for n in path])
+    return SimulationResult(sim, trajectory, value[0], new_nodes, [n.id for n in path])
 
 
 def drive(simulation: Generator, serve) -> SimulationResult:

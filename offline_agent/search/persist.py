@@ -40,6 +40,7 @@ def node_row(tree_id: int, node: Node) -> NodeRow:
         observation=node.observation,
         visits=node.visits,
         value_sum=node.value_sum,
+        realized_sum=node.realized_sum,
         critic_rank=node.critic_rank,
         critic_score=node.critic_score,
         ending=node.ending,
@@ -68,7 +69,7 @@ def tree_from_rows(task: Task, rows: list[NodeRow], simulations_done: int) -> Tr
             tool_call=ToolCall(**r.tool_call) if r.tool_call else None,
             observation=r.observation or "", reward=r.reward or 0.0,
             terminal=r.terminal, invalid=r.invalid, visits=r.visits,
-            value_sum=r.value_sum, critic_rank=r.critic_rank,
+            value_sum=r.value_sum, realized_sum=r.realized_sum, critic_rank=r.critic_rank,
             critic_score=r.critic_score, ending=r.ending, snapshot=r.snapshot,
             created_sim=r.created_sim or 0, info=r.info or {},
         ))
@@ -119,7 +120,7 @@ def finished_rows(finished: list[tuple[Tree, SimulationResult]], tree_ids: dict[
         best[tree.task.id] = max(best.get(tree.task.id, float("-inf")), traj.reward)
     return Finished(
         nodes=[node_row(tid, n) for tid, n in new.values()],
-        visits=[NodeVisits(nid, n.visits, n.value_sum)
+        visits=[NodeVisits(nid, n.visits, n.value_sum, n.realized_sum)
                 for nid, n in touched.items() if nid not in new],
         trajectories=trajectories,
         trees=[tree_row(tid, t, simulations, best.get(t.task.id)) for tid, t in trees.items()])
