@@ -21,11 +21,11 @@ TASK = Task("t0", "minishop", "buy a lamp")
 
 def _tree() -> Tree:
     root = Node(id=0, parent=None, depth=0, observation="home", snapshot={"s": 0}, visits=2,
-                value_sum=1.0, children=[1, 2])
+                value_sum=1.0, realized_sum=0.5, children=[1, 2])
     a = Node(id=1, parent=0, depth=1, action="search lamp", token_ids=[5, 6],
              tool_call=ToolCall("search", {"q": "lamp"}), observation="results",
-             visits=1, value_sum=1.0, critic_rank=0, critic_score=0.7, snapshot={"s": 1},
-             created_sim=0, info={"page": "results"})
+             visits=1, value_sum=1.0, realized_sum=0.5, critic_rank=0, critic_score=0.7,
+             snapshot={"s": 1}, created_sim=0, info={"page": "results"})
     b = Node(id=2, parent=0, depth=1, action="buy", observation="bought", reward=0.25,
              terminal=True, invalid=False, ending=0.25, snapshot={"s": 2}, created_sim=1)
     return Tree(task=TASK, nodes=[root, a, b], simulations_done=2)

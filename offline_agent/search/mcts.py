@@ -56,8 +56,8 @@ class Node:
     invalid: bool = False
     visits: int = 0
     value_sum: float = 0.0
-    realized_sum: float = 0.0  # the same simulations' returns had the policy's own playout
-    # counted (no listed ending tried on a snapshot): what the learned critic fits
+    realized_sum: float = 0.0  # the same visits' returns of the policy's own playouts (no
+    #   listed ending tried on a snapshot): what the learned critic fits
     critic_rank: int | None = None  # 0 = the critic's favourite among its siblings
     critic_score: float | None = None  # in [0, 1]; siblings' scores sum to 1
     ending: float | None = None  # best reward of a listed action that ends the episode here
@@ -269,8 +269,8 @@ def simulate(
         ending = played = at_leaf(tree, node)
     else:
         ending, played = yield from rollout(tree, node, env, cfg, sim)
-    value = (leaf_value(node, ending, cfg), leaf_value(node, played, cfg))
-    return backpropagate(tree, node, env, ending, value, cfg, sim, new_nodes)
+    value, realized = leaf_value(node, ending, cfg), leaf_value(node, played, cfg)
+    return backpropagate(tree, node, env, ending, (value, realized), cfg, sim, new_nodes)
 
 
 def select_leaf(tree: Tree, cfg: SearchConfig) -> Node:
@@ -408,7 +408,8 @@ def rollout(tree: Tree, node: Node, env: Env, cfg: SearchConfig,
     best ending net of step costs (ties go to the earliest, shortest) and the policy's own
     playout: the one is what search backs up, the other what the policy realises."""
     if node.terminal:
-        return at_leaf(tree, node), at_leaf(tree, node)
+        ending = at_leaf(tree, node)
+        return ending, ending
     steps = tree.steps(node)
     env.restore(node.snapshot)
     endings: list[Ending] = []
@@ -446,21 +447,23 @@ def leaf_value(node: Node, ending: Ending, cfg: SearchConfig) -> float:
     return critic if cfg.leaf_value == "critic" else (ret + critic) / 2
 
 
-def backpropagate(tree: Tree, node: Node, env: Env, ending: Ending, value: tuple[float, float],
+def backpropagate(tree: Tree, node: Node, env: Env, ending: Ending, values: tuple[float, float],
                   cfg: SearchConfig, sim: int, new_nodes: list[int]) -> SimulationResult:
-    """Backup: `value` (the best ending's, the policy's own playout's) joins the running means
-    of every node from the root to `node`, and the tree counts one more simulation. Verifier-free, the trajectory claims no achieved task
-    (hindsight reads the terminal state)."""
+    """Backup: `values` (the ending's, the policy's own playout's) join the running sums of
+    every node from the root to `node`, and the tree counts one more simulation.
+    Verifier-free, the trajectory claims no achieved task (hindsight reads the terminal
+    state)."""
     env.restore(ending.snapshot)
     path = tree.path(node)
-    backup(path, *value)
+    value, realized = values
+    backup(path, value, realized)
     tree.simulations_done += 1
     task = tree.task
     achieved = env.describe_achieved() if cfg.verifier else None
     trajectory = Trajectory(task_id=task.id, env=task.env, instruction=task.instruction,
                             first_observation=tree.root.observation, steps=ending.steps,
                             reward=ending.reward, achieved=achieved)
-    return SimulationResult(sim, trajectory, value[0], new_nodes, [n.id for n in path])
+    return SimulationResult(sim, trajectory, value, new_nodes, [n.id for n in path])
 
 
 def drive(simulation: Generator, serve) -> SimulationResult:
