@@ -5,11 +5,14 @@ fold fits the value model (offline_agent/critic/fit.py, its own early-stopping s
 the other folds) and predicts the fold's children. Every tree is thus scored by a critic fitted
 without it; the learned critic's concordance (offline_agent/search/concordance.py) is counted
 over all of them and printed beside the frozen critic's stored scores on the same trees, with
-n, per architecture (`--lora-r`, 0: the head on the frozen base). The store is opened
+n, per architecture (`--lora-r`, 0: the head on the frozen base) and per target set
+(`--targets`: `children`, the tree's children alone, the critic stage's targets before
+ending targets; `endings`, with the listed endings at every stored state, the stage's now;
+critic/targets.py). The same folds and the same pairs for all. The store is opened
 read-only; nothing is written.
 
     PYTHONPATH=. .venv/bin/python benchmarks/critic_concordance.py RUN_DIR [--folds 4]
-        [--lora-r 0 8] [--epochs 200] [--lora-epochs 4]
+        [--lora-r 0 8] [--epochs 200] [--lora-epochs 4] [--targets children endings]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 from offline_agent.critic import value_model
 from offline_agent.critic.config import CriticConfig
+from offline_agent.critic.endings import stored_endings
 from offline_agent.critic.fit import encode_tree, fit, predict
 from offline_agent.critic.targets import seeded_order
 from offline_agent.search.concordance import concordance
@@ -57,6 +61,8 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=4)
     ap.add_argument("--lora-r", type=int, nargs="+", default=[0])
     ap.add_argument("--epochs", type=int, default=None, help="head alone; default critic.epochs")
+    ap.add_argument("--targets", nargs="+", choices=("children", "endings"),
+                    default=["children", "endings"])
     ap.add_argument("--lora-epochs", type=int, default=4,
                     help="with --lora-r > 0: most epochs (each a forward and backward of the "
                          "data) and the patience")
@@ -67,26 +73,31 @@ def main() -> None:
         trees = stored_trees(store, 1)
         tasks = {t.id: t for t in store.tasks("train")}
     tokenizer = value_model.load_tokenizer(cfg.model.id)
-    items = [i for task_id, nodes in trees for i in encode_tree(
-        tokenizer, env.system_prompt(), env.demonstration(), tasks[task_id], nodes)]
     folds = folds_of([t for t, _ in trees], args.folds, cfg.critic.seed)
     scored = [(env.name, nodes) for _, nodes in trees]
     frozen = concordance(scored)["overall"]
-    print(f"{len(trees)} trees, {len(items)} expanded nodes, "
-          f"{sum(len(i.targets) for i in items)} targets; {args.folds} folds by task")
+    print(f"{len(trees)} trees; {args.folds} folds by task")
     print(f"frozen critic (stored scores): concordance {frozen['concordance']} (n {frozen['n']})")
     device = value_model.resolve_device(cfg.model.device)
-    for r in args.lora_r:
-        epochs = args.lora_epochs if r else args.epochs or cfg.critic.epochs
-        ccfg = replace(cfg.critic, lora_r=r, epochs=epochs,
-                       patience=min(epochs, cfg.critic.patience))
-        values, metrics = cross_fitted(items, cfg.model.id, device, ccfg, folds)
-        learned = concordance(scored, lambda c, v=values: v.get(c.node_id))["overall"]
-        seconds = sum(m["seconds"] for m in metrics)
-        print(f"learned critic, lora_r={r}: concordance {learned['concordance']} "
-              f"(n {learned['n']}), fit {seconds:.0f} s over {args.folds} folds; "
-              f"best epochs {[m['best_epoch'] for m in metrics]}, "
-              f"val loss {[m['val_loss'] for m in metrics]}")
+    for kind in args.targets:
+        items = [i for task_id, nodes in trees for i in encode_tree(
+            tokenizer, env.system_prompt(), env.demonstration(), tasks[task_id], nodes,
+            stored_endings(env, nodes) if kind == "endings" else None)]
+        print(f"targets {kind}: {len(items)} states, {sum(len(i.targets) for i in items)} "
+              "targets", flush=True)
+        for r in args.lora_r:
+            epochs = args.lora_epochs if r else args.epochs or cfg.critic.epochs
+            ccfg = replace(cfg.critic, lora_r=r, epochs=epochs,
+                           patience=min(epochs, cfg.critic.patience))
+            values, metrics = cross_fitted(items, cfg.model.id, device, ccfg, folds)
+            learned = concordance(scored, lambda c, v=values: v.get(c.node_id))
+            seconds = sum(m["seconds"] for m in metrics)
+            print(f"learned critic, targets {kind}, lora_r={r}: concordance "
+                  f"{learned['overall']['concordance']} (n {learned['overall']['n']}), by depth "
+                  f"{ {d: (x['concordance'], x['n']) for d, x in learned['by_depth'].items()} }, "
+                  f"fit {seconds:.0f} s over {args.folds} folds; best epochs "
+                  f"{[m['best_epoch'] for m in metrics]}, val loss "
+                  f"{[m['val_loss'] for m in metrics]}", flush=True)
 
 
 if __name__ == "__main__":

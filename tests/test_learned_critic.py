@@ -47,6 +47,43 @@ def test_targets_and_weights_on_a_hand_built_tree():
     assert weighted_mse([0.75, 0.0, 0.0], fams[0].children) == pytest.approx(1.0 / 4)
 
 
+def test_endings_join_their_state_s_family_unless_a_terminal_child_took_them():
+    rows = hand_tree()
+    nid = lambda i: make_node_id(0, i)  # noqa: E731
+    endings = {nid(0): [("c ", 0.3), ("z", 0.6)],  # "c" is the root's terminal child already
+               nid(2): [("z", 0.0)],  # b was never expanded: a family of its ending alone
+               nid(1): [("a", 1.0)]}  # "a" is a child of the root, not of node 1
+    fams = families(rows, endings)
+    assert [f.parent_id for f in fams] == [nid(0), nid(1), nid(2)]
+    assert fams[0].children == [*families(rows)[0].children, Target(None, 0.6, 1.0, "z")]
+    assert fams[1].children == [Target(nid(5), 0.5, 1.0), Target(None, 1.0, 1.0, "a")]
+    assert fams[2].children == [Target(None, 0.0, 1.0, "z")]
+    assert families(rows, {}) == families(rows)
+
+
+def test_stored_endings_are_the_env_s_rewards_of_ending_at_each_stored_state():
+    from offline_agent.critic.endings import stored_endings
+    from offline_agent.envs.base import load_env
+
+    env = load_env("minishop", max_steps=8)
+    task = env.tasks("train", 1)[0]
+    env.reset(task)
+    snaps = [env.snapshot()]  # the search page: nothing ends the episode there
+    env.act(f"search[{task.instruction}]")
+    snaps.append(env.snapshot())
+    env.act(next(a for a in env.available_actions() if a.startswith("click[P")))
+    snaps.append(env.snapshot())
+    product = env.state.item
+    assert product  # the second action opened a product page
+    rows = [node(0, i, None if i == 0 else i - 1, snapshot=s) for i, s in enumerate(snaps)]
+    rows += [node(0, 3, 2, terminal=True, snapshot=snaps[2]),  # terminal: no ending after it
+             node(0, 4, 2)]  # no snapshot stored: not read
+    got = stored_endings(env, rows)
+    env.restore(snaps[2])
+    _, bought = env.act("buy")
+    assert bought.done and got == {make_node_id(0, 2): [("buy", bought.reward)]}
+
+
 def test_tasks_are_held_out_whole_seeded_and_never_all():
     ids = [f"t{i}" for i in range(8)]
     train, val = split_tasks(ids, 0.25, seed=0)
@@ -72,6 +109,20 @@ def tiny_trees(tokenizer) -> list:
         task = Task(f"task{t}", "fake", f"do {t}")
         items += encode_tree(tokenizer, "You act.", [], task, rows)
     return items
+
+
+def test_endings_are_encoded_as_their_text_in_their_state_s_item(tokenizer):
+    from offline_agent.chat import history_messages
+    from offline_agent.critic.fit import encode_tree
+    from offline_agent.critic.value_model import encode_actions
+
+    rows = hand_tree()
+    task = Task("t", "fake", "do it")
+    plain = encode_tree(tokenizer, "You act.", [], task, rows)
+    items = encode_tree(tokenizer, "You act.", [], task, rows, {make_node_id(0, 0): [("z", .6)]})
+    assert items[0].seqs[:-1] == plain[0].seqs and items[1:] == plain[1:]
+    prompt = history_messages("You act.", "do it", rows[0].observation or "", [], [])
+    assert items[0].seqs[-1] == encode_actions(tokenizer, prompt, ["z"])[0]
 
 
 @pytest.mark.parametrize("lora_r", [0, 4])
@@ -160,9 +211,13 @@ def run_until(tmp_path, model: str, stage: str, critic: str = "learned") -> int:
 
 def test_the_critic_stage_fits_records_feeds_mining_and_resumes(tmp_path, tiny_model_dir,
                                                                 monkeypatch, capsys):
+    from offline_agent.critic import endings as endings_module
     from pipelines.report_table import CONCORDANCE, FROZEN
     from pipelines.stages import critic as stage
 
+    endings, read = [], endings_module.stored_endings
+    monkeypatch.setattr(endings_module, "stored_endings",
+                        lambda env, nodes: endings.append(read(env, nodes)) or endings[-1])
     assert run_until(tmp_path, tiny_model_dir, "mine") == 0
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
         final = s.checkpoint("critic", "", stage.FINAL)
@@ -172,6 +227,12 @@ def test_the_critic_stage_fits_records_feeds_mining_and_resumes(tmp_path, tiny_m
         mine_stats = s.stage("mine").stats
     assert stats == final and (tmp_path / "r" / final["folder"] / "critic.json").is_file()
     assert stats["train_tasks"] == 3 and stats["val_tasks"] == 1
+    # the listed endings at the stored states (read on their snapshots) joined the targets;
+    # here the terminal children at depth 2 already took them all
+    assert len(endings) == 4 and all(endings)
+    assert stats["train_targets"] + stats["val_targets"] == sum(
+        len(f.children) for t, e in zip(sorted({n.tree_id for n in nodes}), endings)
+        for f in families([n for n in nodes if n.tree_id == t], e))
     assert stats["concordance_trees"] == 1
     assert set(stats[CONCORDANCE]) == set(stats[FROZEN]) == {"overall", "by_depth", "by_env"}
     visited = {n.node_id for n in nodes if n.parent_id is not None

@@ -52,14 +52,17 @@ class Fitted:
 
 
 def encode_tree(tokenizer, system: str, demo: list[Message], task: Task,
-                nodes: Sequence[TreeNode]) -> list[Item]:
-    """Every family of one tree as an Item, prompts as the policy saw them."""
+                nodes: Sequence[TreeNode],
+                endings: Mapping[int, Sequence[tuple[str, float]]] | None = None) -> list[Item]:
+    """Every family of one tree (with the `endings` critic/endings.py read at its states) as
+    an Item, prompts as the policy saw them."""
     by_id: Mapping[int, TreeNode] = {n.node_id: n for n in nodes}
     items = []
-    for fam in families(nodes):
+    for fam in families(nodes, endings):
         first, steps = path_steps(by_id, fam.parent_id)
         prompt = history_messages(system, task.instruction, first, steps, demo)
-        actions = [by_id[t.node_id].action or "" for t in fam.children]
+        actions = [t.action if t.node_id is None else by_id[t.node_id].action or ""
+                   for t in fam.children]
         items.append(Item(task.id, encode_actions(tokenizer, prompt, actions), fam.children))
     return items
 
@@ -71,9 +74,10 @@ def packs(items: list[Item], budget: int) -> list[list[Item]]:
 
 
 def predict(model: ValueModel, items: list[Item], budget: int) -> dict[int, float]:
-    """node id -> V of every target of `items` (no grad)."""
+    """node id -> V of every target of `items` that is a node (endings are not; no grad)."""
     values = values_of(model, [item.seqs for item in items], budget)
-    return {t.node_id: v for item, vs in zip(items, values) for t, v in zip(item.targets, vs)}
+    return {t.node_id: v for item, vs in zip(items, values) for t, v in zip(item.targets, vs)
+            if t.node_id is not None}
 
 
 def _arrays(items: list[Item]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,8 +154,8 @@ def _val_loss(model: ValueModel, val: list[Item], cfg: CriticConfig):
     def evaluate() -> float:
         if feats is not None:
             return float(loss_of(model.head(feats).squeeze(-1), y, w))
-        return float(loss_of(torch.tensor(list(predict(model, val, cfg.pack_tokens).values())),
-                             y, w))
+        values = values_of(model, [item.seqs for item in val], cfg.pack_tokens)
+        return float(loss_of(torch.tensor([v for vs in values for v in vs]), y, w))
     return evaluate
 
 

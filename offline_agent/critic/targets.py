@@ -9,6 +9,14 @@ best ending reachable from there (docs/results.md, the finish-off run). An unvis
 non-terminal child has no return yet: no target. A terminal child weighs max(visits, 1): its
 value is known even when never selected.
 
+Endings: at every stored state, each action the env lists that would end the episode there
+has an exact return too, its reward (critic/endings.py reads them on the stored snapshots).
+Search tried them (`search.finish`) but keeps only the best as a number, not as a child, so
+without them the critic saw "buy" only where a proposal happened to write it: a few hundred
+targets for the decision inference search most needs, whether to end now. Each is a target of
+weight 1 for (state, ending action), a `Target` without a node (`action` its text); an ending
+whose text a terminal child of that state already has is left to the child.
+
 Children are grouped by parent (a `Family`): one forward of the parent's prompt with every
 child's action as a branch scores them all (value_model.py). Validation holds out whole
 tasks (`split_tasks`), so no held-out target shares a prompt with a trained one.
@@ -17,7 +25,7 @@ tasks (`split_tasks`), so no held-out target shares a prompt with a trained one.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,6 +35,7 @@ class StoredChild(Protocol):
 
     node_id: int
     parent_id: int | None
+    action: str | None
     visits: int
     realized_sum: float
     terminal: bool
@@ -35,9 +44,10 @@ class StoredChild(Protocol):
 
 @dataclass(frozen=True)
 class Target:
-    node_id: int
+    node_id: int | None  # None: an ending no node holds (`action` is its text)
     value: float  # the return to predict
     weight: float  # how many returns it stands for
+    action: str | None = None  # an ending's text; None: the node's own action
 
 
 @dataclass(frozen=True)
@@ -58,13 +68,27 @@ def target(child: StoredChild) -> Target | None:
     return Target(child.node_id, child.realized_sum / child.visits, float(child.visits))
 
 
-def families(nodes: Sequence[StoredChild]) -> list[Family]:
-    """Every expanded node of a tree with the targets of its children; none without one."""
+def families(nodes: Sequence[StoredChild],
+             endings: Mapping[int, Sequence[tuple[str, float]]] | None = None) -> list[Family]:
+    """Every node of a tree with a target: its children's, then the (action text, reward) of
+    each ending `endings` lists at its state that no terminal child of it took."""
     by_parent: dict[int, list[Target]] = {}
+    taken: dict[int, set[str]] = {}
     for node in sorted(nodes, key=lambda n: n.node_id):
         if node.parent_id is not None and (t := target(node)) is not None:
             by_parent.setdefault(node.parent_id, []).append(t)
+            if node.terminal:
+                taken.setdefault(node.parent_id, set()).add(_text(node.action))
+    for node_id, found in (endings or {}).items():
+        for text, reward in found:
+            if _text(text) not in taken.get(node_id, set()):
+                by_parent.setdefault(node_id, []).append(Target(None, reward, 1.0, text))
     return [Family(p, kids) for p, kids in sorted(by_parent.items())]
+
+
+def _text(action: str | None) -> str:
+    """An action's text up to whitespace: a proposal `buy ` and the listed `buy` are one."""
+    return " ".join((action or "").split())
 
 
 def seeded_order(task_ids: Sequence[str], seed: int) -> list[str]:

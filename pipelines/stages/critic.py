@@ -1,4 +1,6 @@
-"""Stage `critic`: fit the learned value critic on the stored trees (search.critic: learned).
+"""Stage `critic`: fit the learned value critic on the stored trees (search.critic: learned),
+their children's returns and the rewards of the listed endings at their states (read on the
+stored snapshots: offline_agent/critic/endings.py).
 
 It runs between search and mine because mining reads it: with search.critic learned, eq. 10's
 Q_critic of every stored child is the fitted V(state, action), not the frozen critic's stored
@@ -75,20 +77,15 @@ def _fitted(store: Store, run_dir: Path, r: int) -> Path:
 
 
 def stored_trees(store: Store, r: int) -> list[tuple[str, list[NodeRow]]]:
-    """(task id, its nodes with texts) of every tree of rounds 1..r, round by round."""
-    out = []
-    for j in range(1, r + 1):
-        trees = store.trees(round_name("search", j))
-        edges = store.tree_edges([t.tree_id for t in trees])
-        by_tree: dict[int, list[NodeRow]] = {}
-        for n in edges:
-            by_tree.setdefault(n.tree_id, []).append(n)
-        out += [(t.task_id, by_tree.get(t.tree_id, [])) for t in trees]
-    return out
+    """(task id, its nodes with texts and snapshots) of every tree of rounds 1..r, round by
+    round."""
+    return [(t.task_id, store.load_tree(t.tree_id))
+            for j in range(1, r + 1) for t in store.trees(round_name("search", j))]
 
 
 def _fit(ctx: StageContext) -> dict:
     from offline_agent.critic import value_model
+    from offline_agent.critic.endings import stored_endings
     from offline_agent.critic.fit import encode_tree, fit, predict
     from offline_agent.training.checkpoint import write_atomic
 
@@ -99,7 +96,8 @@ def _fit(ctx: StageContext) -> dict:
     device = value_model.resolve_device(cfg.model.device)
     tokenizer = value_model.load_tokenizer(cfg.model.id)
     items = [item for task_id, nodes in trees for item in encode_tree(
-        tokenizer, env.system_prompt(), env.demonstration(), tasks[task_id], nodes)]
+        tokenizer, env.system_prompt(), env.demonstration(), tasks[task_id], nodes,
+        stored_endings(env, nodes))]
     if not items:
         raise RunError(f"stage {ctx.stage}: the stored trees hold no visited child to learn from")
     ctx.progress.update(families=len(items))
