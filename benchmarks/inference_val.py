@@ -48,7 +48,8 @@ def row(name: str, episodes: list[Episode], greedy: list[Episode], seconds: floa
           f"{d['mean_reward_ci95']}, {d['wins']}:{d['losses']} p {d['mcnemar_p']:.3f}  "
           f"steps {s['mean_steps']:.2f}  {simulations} simulations, {seconds:.0f} s", flush=True)
     return {"setting": name, "summary": s, "vs_greedy": d, "seconds": round(seconds, 1),
-            "simulations": simulations}
+            "simulations": simulations,
+            "episodes": [[e.task_id, e.reward, list(e.actions)] for e in episodes]}
 
 
 def main() -> None:
@@ -58,7 +59,8 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", default=["path:8", "step:2"],
                     help="COMMIT:SIMULATIONS, e.g. path:8 (per task) step:2 (per step)")
     ap.add_argument("--tasks", type=int, default=0, help="the first N validation tasks; 0: all")
-    ap.add_argument("--out", type=Path, help="also write the rows here as JSON")
+    ap.add_argument("--out", type=Path, help="also write the rows (and each setting's episodes: "
+                    "task, reward, actions) here as JSON")
     args = ap.parse_args()
 
     from offline_agent.policy import load_policy
