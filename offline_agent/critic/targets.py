@@ -15,7 +15,8 @@ Search tried them (`search.finish`) but keeps only the best as a number, not as 
 without them the critic saw "buy" only where a proposal happened to write it: a few hundred
 targets for the decision inference search most needs, whether to end now. Each is a target of
 weight 1 for (state, ending action), a `Target` without a node (`action` its text); an ending
-whose text a terminal child of that state already has is left to the child.
+whose text a terminal child of that state already has (up to whitespace, search's
+`action_key` of the text) is left to the child.
 
 Children are grouped by parent (a `Family`): one forward of the parent's prompt with every
 child's action as a branch scores them all (value_model.py). Validation holds out whole
@@ -28,6 +29,8 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from offline_agent.search.mcts import action_key
 
 
 class StoredChild(Protocol):
@@ -78,17 +81,12 @@ def families(nodes: Sequence[StoredChild],
         if node.parent_id is not None and (t := target(node)) is not None:
             by_parent.setdefault(node.parent_id, []).append(t)
             if node.terminal:
-                taken.setdefault(node.parent_id, set()).add(_text(node.action))
+                taken.setdefault(node.parent_id, set()).add(action_key(node.action or "", None))
     for node_id, found in (endings or {}).items():
         for text, reward in found:
-            if _text(text) not in taken.get(node_id, set()):
+            if action_key(text, None) not in taken.get(node_id, set()):
                 by_parent.setdefault(node_id, []).append(Target(None, reward, 1.0, text))
     return [Family(p, kids) for p, kids in sorted(by_parent.items())]
-
-
-def _text(action: str | None) -> str:
-    """An action's text up to whitespace: a proposal `buy ` and the listed `buy` are one."""
-    return " ".join((action or "").split())
 
 
 def seeded_order(task_ids: Sequence[str], seed: int) -> list[str]:
