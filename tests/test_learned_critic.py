@@ -13,7 +13,6 @@ from offline_agent.critic.config import CriticConfig
 from offline_agent.critic.targets import Target, families, split_tasks, target, weighted_mse
 from offline_agent.mining.config import MineConfig
 from offline_agent.mining.pairs import step_pairs, step_params
-from offline_agent.rollout import make_step
 from offline_agent.search.requests import Critique
 from offline_agent.types import Step, Task
 from pipelines.config import ConfigError, RunConfig
@@ -85,44 +84,6 @@ def test_stored_endings_are_the_env_s_rewards_of_ending_at_each_stored_state():
     assert bought.done and got == {make_node_id(0, 2): [("buy", bought.reward)]}
 
 
-def test_lookahead_endings_are_the_rewards_of_ending_one_listed_step_past_visited_states():
-    from offline_agent.critic.endings import Lookahead, lookahead_endings
-    from offline_agent.envs.base import load_env
-
-    env = load_env("minishop", max_steps=8)
-    task = env.tasks("train", 1)[0]
-    env.reset(task)
-    env.act(f"search[{task.instruction}]")
-    results = env.snapshot()
-    listed = env.available_actions()
-    products = [a for a in listed if a.startswith("click[P")]
-    assert len(products) >= 2 and "click[back]" in listed
-    env.act(products[0])
-    rows = [node(0, 0, visits=2, snapshot=results, observation="results"),
-            node(0, 1, 0, visits=1, action=f" {products[0]}", snapshot=env.snapshot()),
-            node(0, 2, 0, action="click[back]"),  # unvisited, no snapshot: not read
-            node(0, 3, 1, terminal=True, visits=1, action="buy", snapshot=env.snapshot())]
-    got = lookahead_endings(env, rows)
-    expected = []  # node 0: every product but the one its child took; back and pages: no buy
-    for text in products[1:]:
-        env.restore(results)
-        call, result = env.act(text)
-        _, bought = env.act("buy")
-        expected.append(Lookahead(make_node_id(0, 0), make_step(text, call, result),
-                                  [("buy", bought.reward)]))
-    env.restore(rows[1].snapshot)  # node 1 (a product page): each option, then buy
-    for text in [a for a in env.available_actions() if a not in ("buy", "click[back]")]:
-        env.restore(rows[1].snapshot)
-        call, result = env.act(text)
-        _, bought = env.act("buy")
-        expected.append(Lookahead(make_node_id(0, 1), make_step(text, call, result),
-                                  [("buy", bought.reward)]))
-    assert got == expected and len({la.endings[0][1] for la in got}) > 1
-    rows[1] = node(0, 1, 0, visits=0, action=products[0], snapshot=rows[1].snapshot)
-    assert [la.node_id for la in lookahead_endings(env, rows)] == [make_node_id(0, 0)] * len(
-        products[1:])  # an unvisited state is not looked past
-
-
 def test_tasks_are_held_out_whole_seeded_and_never_all():
     ids = [f"t{i}" for i in range(8)]
     train, val = split_tasks(ids, 0.25, seed=0)
@@ -162,26 +123,6 @@ def test_endings_are_encoded_as_their_text_in_their_state_s_item(tokenizer):
     assert items[0].seqs[:-1] == plain[0].seqs and items[1:] == plain[1:]
     prompt = history_messages("You act.", "do it", rows[0].observation or "", [], [])
     assert items[0].seqs[-1] == encode_actions(tokenizer, prompt, ["z"])[0]
-
-
-def test_a_lookahead_state_is_its_node_s_prompt_plus_the_listed_step(tokenizer):
-    from offline_agent.chat import history_messages
-    from offline_agent.critic.endings import Lookahead
-    from offline_agent.critic.fit import encode_tree
-    from offline_agent.critic.value_model import encode_actions
-
-    rows = hand_tree()
-    task = Task("t", "fake", "do it")
-    step = Step(action="look", observation="a shelf")
-    look = Lookahead(make_node_id(0, 1), step, [("z", 0.4), ("y", 1.0)])
-    plain = encode_tree(tokenizer, "You act.", [], task, rows)
-    items = encode_tree(tokenizer, "You act.", [], task, rows, lookahead=[look])
-    assert items[:-1] == plain
-    first = rows[0].observation or ""
-    prompt = history_messages("You act.", "do it", first,
-                              [Step(action="a", observation=rows[1].observation or ""), step], [])
-    assert items[-1].seqs == encode_actions(tokenizer, prompt, ["z", "y"])
-    assert items[-1].targets == [Target(None, 0.4, 1.0, "z"), Target(None, 1.0, 1.0, "y")]
 
 
 @pytest.mark.parametrize("lora_r", [0, 4])

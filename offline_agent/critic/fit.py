@@ -18,7 +18,6 @@ import torch
 
 from offline_agent.chat import history_messages
 from offline_agent.critic.config import CriticConfig
-from offline_agent.critic.endings import Lookahead
 from offline_agent.critic.targets import Target, families, split_tasks
 from offline_agent.critic.value_model import ValueModel, encode_actions, pack_values, values_of
 from offline_agent.mining.build import StoredNode, path_steps
@@ -54,10 +53,9 @@ class Fitted:
 
 def encode_tree(tokenizer, system: str, demo: list[Message], task: Task,
                 nodes: Sequence[TreeNode],
-                endings: Mapping[int, Sequence[tuple[str, float]]] | None = None,
-                lookahead: Sequence[Lookahead] = ()) -> list[Item]:
-    """Every family of one tree (with the `endings` critic/endings.py read at its states), then
-    each `lookahead` state's endings, as Items, prompts as the policy saw them."""
+                endings: Mapping[int, Sequence[tuple[str, float]]] | None = None) -> list[Item]:
+    """Every family of one tree (with the `endings` critic/endings.py read at its states) as
+    an Item, prompts as the policy saw them."""
     by_id: Mapping[int, TreeNode] = {n.node_id: n for n in nodes}
     items = []
     for fam in families(nodes, endings):
@@ -66,12 +64,6 @@ def encode_tree(tokenizer, system: str, demo: list[Message], task: Task,
         actions = [t.action if t.node_id is None else by_id[t.node_id].action or ""
                    for t in fam.children]
         items.append(Item(task.id, encode_actions(tokenizer, prompt, actions), fam.children))
-    for look in lookahead:
-        first, steps = path_steps(by_id, look.node_id)
-        prompt = history_messages(system, task.instruction, first, [*steps, look.step], demo)
-        targets = [Target(None, reward, 1.0, text) for text, reward in look.endings]
-        items.append(Item(task.id, encode_actions(tokenizer, prompt, [t.action for t in targets]),
-                          targets))
     return items
 
 
@@ -83,8 +75,8 @@ def packs(items: list[Item], budget: int) -> list[list[Item]]:
 
 def predict(model: ValueModel, items: list[Item], budget: int) -> dict[int, float]:
     """node id -> V of every target of `items` that is a node (endings are not; no grad).
-    Items with no node (lookahead states) are not run; where the fit kept the frozen base's
-    features (lora_r 0), only the head runs on them."""
+    Items with no node (a state with ending targets only) are not run; where the fit kept the
+    frozen base's features (lora_r 0), only the head runs on them."""
     items = [i for i in items if any(t.node_id is not None for t in i.targets)]
     todo = [i for i in items if i.base_features is None]
     fresh = iter(values_of(model, [i.seqs for i in todo], budget))

@@ -29,8 +29,7 @@ class SearchConfig:
     alpha: float = _f(0.5, "MCTS weight in the value alpha*Q_mcts + (1-alpha)*Q_critic "
                            "(Agent Q eq. 10) that selection uses; mining has mine.alpha")
     finish: bool = _f(True, "try the listed actions that end the episode on snapshots, without "
-                            "model calls (docs/architecture.md); off where ending is costly. "
-                            "Verifier-free: value them with the learned critic, never run")
+                            "model calls (docs/architecture.md); off where ending is costly")
     step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")
     critic: str = _f("frozen", "frozen: the base model ranks the proposals (old name logprob, "
                                "still accepted); learned: stage critic's value model (round 1: "
@@ -77,13 +76,10 @@ class SearchConfig:
         if self.leaf_value != "rollout" and self.critic == "none":
             raise ValueError(f"search.leaf_value {self.leaf_value} needs a critic: "
                              "search.critic is none")
-        if not self.verifier and self.leaf_value != "critic":
+        if not self.verifier and (self.leaf_value != "critic" or self.finish):
             raise ValueError("search.verifier false (verifier-free search) needs "
-                             "search.leaf_value critic: rollouts read the env's reward")
-        if not self.verifier and self.finish and self.critic != "learned":
-            raise ValueError("search.verifier false with search.finish needs search.critic "
-                             "learned: the endings are valued by the critic, and the frozen "
-                             "one only ranks siblings")
+                             "search.leaf_value critic and search.finish false: rollouts and "
+                             "finish read the env's reward")
 
     @property
     def shard_index(self) -> tuple[int, int]:

@@ -19,9 +19,7 @@ of returns (Q_mcts): a new leaf's value is the return of a rollout to a terminal
 Verifier-free search (`cfg.verifier` false, what inference runs: eval.mcts) never reads the
 env's reward: an action calling one of the env's `ending_tools` is not executed but becomes a
 terminal leaf, an ending step the env ran anyway has its reward dropped, and every leaf,
-terminal ones included, is worth the critic's score; with `cfg.finish` (a learned critic), the
-better of it and the critic's value of the endings the leaf's state lists, never run
-(docs/architecture.md).
+terminal ones included, is worth the critic's score (docs/architecture.md).
 
 Where the env lists its actions, search also spends env steps, which cost microseconds in a
 simulator with snapshots, to save model calls, which cost seconds on a CPU: the endings a
@@ -169,22 +167,13 @@ def child_value(node: Node, alpha: float, uniform: float, verifier: bool = True)
     A terminal child is worth the reward the env gave it when it was expanded, visited or not:
     that score is exact, and mixing in the critic's guess made search re-select endings known
     to fail (a simulation that learns nothing). Verifier-free (`verifier` false), a terminal
-    child has no reward: it is valued like any other, and its critic value is the better of its
-    score and the critic's value of ending one step on (`critic_value`)."""
+    child has no reward: it is valued like any other."""
     if node.terminal and verifier:
         return node.reward
-    critic = critic_value(node, uniform, verifier)
+    critic = uniform if node.critic_score is None else node.critic_score
     if node.visits:
         return alpha * node.q + (1 - alpha) * critic
-    return critic if node.ending is None or not verifier else node.ending
-
-
-def critic_value(node: Node, uniform: float, verifier: bool) -> float:
-    """The critic's score of the node's action (`uniform` without one); verifier-free with
-    `finish`, the better of it and `ending`, the critic's value of the best listed ending one
-    step on (`critic_endings`): the agent may end there."""
-    critic = uniform if node.critic_score is None else node.critic_score
-    return critic if verifier or node.ending is None else max(critic, node.ending)
+    return critic if node.ending is None else node.ending
 
 
 def select_child(tree: Tree, node: Node, cfg: SearchConfig) -> Node:
@@ -316,8 +305,6 @@ def expand(
     listed = try_actions(env, node, [(a, None) for a in available], seen, last, cfg)
     children = add_children(tree, node, choose_children(sampled, listed, cfg), sim, last)
     yield from critique(tree, children, history, use_critic, cfg.leaf_value != "rollout")
-    if cfg.finish and not cfg.verifier:
-        yield from critic_endings(tree, children, env)
     return [child.id for child in children]
 
 
@@ -349,8 +336,7 @@ def try_actions(env: Env, node: Node, texts: list[tuple[str, list[int] | None]],
         if key in seen:
             continue
         seen.add(key)
-        tries = cfg.finish and cfg.verifier and not (result.done or last)
-        ending = best_ending(env) if tries else None
+        ending = None if result.done or last or not cfg.finish else best_ending(env)
         out.append(Candidate(text, call, result, snapshot, ending, ids))
     return out
 
@@ -376,12 +362,12 @@ def choose_children(sampled: list[Candidate], listed: list[Candidate],
                     cfg: SearchConfig) -> list[Candidate]:
     """The first k of: valid proposals and min(cfg.listed, available) listed actions in the
     first k slots, then the other valid and listed ones, then one invalid proposal. With
-    cfg.finish (reading the verifier), listed actions that end well (or lead to a good ending)
-    come first, and so do the proposals after the first (the greedy one) that the env already
-    scored above 0: every proposal was stepped, and a `submit` that passed should not be
-    dropped for being drawn fifth."""
+    cfg.finish, listed actions that end well (or lead to a good ending) come first, and so do
+    the proposals after the first (the greedy one) that the env already scored above 0: every
+    proposal was stepped, and a `submit` that passed should not be dropped for being drawn
+    fifth."""
     valid = [c for c in sampled if not c.result.invalid]
-    if cfg.finish and cfg.verifier:
+    if cfg.finish:
         listed = sorted(listed, key=lambda c: -c.end_value)
         valid = valid[:1] + sorted(valid[1:], key=lambda c: -max(c.end_value, 0.0))
     invalid = [c for c in sampled if c.result.invalid][:1]
@@ -413,20 +399,6 @@ def critique(tree: Tree, children: list[Node], history: list[Step], use_critic: 
         scores = [1.0 / len(children)] * len(children)
     for child, score, rank in zip(children, scores, rank_scores(scores)):
         child.critic_score, child.critic_rank = float(score), rank
-
-
-def critic_endings(tree: Tree, children: list[Node], env: Env) -> Generator[Critique, list, None]:
-    """`finish` without the verifier: each new non-terminal child whose state lists actions
-    that would end the episode (`Env.ending_call`; none are run) gets as `ending` the critic's
-    best value of them there, one Critique per such child."""
-    for child in children:
-        if child.terminal:
-            continue
-        env.restore(child.snapshot)
-        endings = [a for a in env.available_actions() if env.ending_call(a) is not None]
-        if endings:
-            values = yield Critique(tree.task, tree.root.observation, tree.steps(child), endings)
-            child.ending = float(max(values))
 
 
 def rollout(tree: Tree, node: Node, env: Env, cfg: SearchConfig,
@@ -467,11 +439,11 @@ def leaf_value(node: Node, ending: Ending, cfg: SearchConfig) -> float:
     """What a simulation backs up (cfg.leaf_value): the ending's reward less step costs
     (rollout), the critic's score of the leaf's action less the costs of the steps to it
     (critic), or their mean (mix). A terminal leaf is worth its reward where the verifier is
-    read (exact), and its critic value (`critic_value`) where it is not."""
+    read (exact), and its critic score where it is not."""
     ret = ending.reward - cfg.step_cost * len(ending.steps)
     if cfg.leaf_value == "rollout" or (node.terminal and cfg.verifier):
         return ret
-    critic = critic_value(node, 0.0, cfg.verifier) - cfg.step_cost * node.depth
+    critic = node.critic_score - cfg.step_cost * node.depth
     return critic if cfg.leaf_value == "critic" else (ret + critic) / 2
 
 

@@ -1,6 +1,6 @@
 """Stage `critic`: fit the learned value critic on the stored trees (search.critic: learned),
-their children's returns and the rewards of the listed endings at their states and one listed
-step past the visited ones (read on the stored snapshots: offline_agent/critic/endings.py).
+their children's returns and the rewards of the listed endings at their states (read on the
+stored snapshots: offline_agent/critic/endings.py).
 
 It runs between search and mine because mining reads it: with search.critic learned, eq. 10's
 Q_critic of every stored child is the fitted V(state, action), not the frozen critic's stored
@@ -85,7 +85,7 @@ def stored_trees(store: Store, r: int) -> list[tuple[str, list[NodeRow]]]:
 
 def _fit(ctx: StageContext) -> dict:
     from offline_agent.critic import value_model
-    from offline_agent.critic.endings import lookahead_endings, stored_endings
+    from offline_agent.critic.endings import stored_endings
     from offline_agent.critic.fit import encode_tree, fit, predict
     from offline_agent.training.checkpoint import write_atomic
 
@@ -97,7 +97,7 @@ def _fit(ctx: StageContext) -> dict:
     tokenizer = value_model.load_tokenizer(cfg.model.id)
     items = [item for task_id, nodes in trees for item in encode_tree(
         tokenizer, env.system_prompt(), env.demonstration(), tasks[task_id], nodes,
-        stored_endings(env, nodes), lookahead_endings(env, nodes))]
+        stored_endings(env, nodes))]
     if not items:
         raise RunError(f"stage {ctx.stage}: the stored trees hold no visited child to learn from")
     ctx.progress.update(families=len(items))
