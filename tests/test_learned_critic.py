@@ -126,9 +126,10 @@ def test_endings_are_encoded_as_their_text_in_their_state_s_item(tokenizer):
 
 
 @pytest.mark.parametrize("lora_r", [0, 4])
-def test_the_value_loss_falls_on_a_tiny_model(tiny_model_dir, tokenizer, lora_r):
+def test_the_value_loss_falls_on_a_tiny_model(tiny_model_dir, tokenizer, lora_r, monkeypatch):
+    from offline_agent.critic import fit as fit_module
     from offline_agent.critic import value_model
-    from offline_agent.critic.fit import fit, predict, weighted_mean
+    from offline_agent.critic.fit import Item, fit, predict, weighted_mean
 
     items = tiny_trees(tokenizer)
     cfg = CriticConfig(lora_r=lora_r, lr=1e-2, epochs=30, patience=30, holdout=0.0, seed=0)
@@ -140,9 +141,17 @@ def test_the_value_loss_falls_on_a_tiny_model(tiny_model_dir, tokenizer, lora_r)
     values = predict(fitted.model, items, cfg.pack_tokens)
     after = weighted_mse([values[t.node_id] for t in targets], targets)
     assert after < 0.5 * before
-    for item in items:  # kept features (lora_r 0) or not: a fresh forward's values
+    # the fit keeps the frozen base's features (lora_r 0 only), and predict's head on them
+    # equals a fresh forward; a state with ending targets only is never run
+    assert all(i.base_features is not None for i in items) == (lora_r == 0)
+    for item in items:
         item.base_features = None
-    fresh = predict(fitted.model, items, cfg.pack_tokens)
+    ending_only = Item("task0", [[5, 6, 7]], [Target(None, 1.0, 1.0, "z")])
+    run = []
+    monkeypatch.setattr(fit_module, "values_of", lambda m, seqs, b: run.append(seqs) or
+                        value_model.values_of(m, seqs, b))
+    fresh = predict(fitted.model, [*items, ending_only], cfg.pack_tokens)
+    assert run == [[i.seqs for i in items]]  # one forward, the ending-only state left out
     assert fresh.keys() == values.keys()
     assert [fresh[k] for k in values] == pytest.approx([values[k] for k in values], abs=1e-5)
     again = fit(value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), lora_r, 0,
