@@ -1,7 +1,7 @@
 """The hf backend's decode levers, each old path against new side by side in one process.
 
     PYTHONPATH=. OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/decode_levers.py
-    ... --levers compaction refill episodes threads bf16 --episodes 16
+    ... --levers compaction refill episodes threads bf16 onednn --episodes 16
 
 On the embedded model with MiniShop prompts (system prompt, demonstration, task):
 
@@ -18,6 +18,9 @@ On the embedded model with MiniShop prompts (system prompt, demonstration, task)
   threads.
 - bf16: decode and prefill tokens/s in float32 and bfloat16, and the share of greedy
   MiniShop actions (--episodes episodes) that bfloat16 changes.
+- onednn: linear layers on MKL (nn.Linear) against oneDNN (policy/linear.py): one decode step
+  at context 970 and batch 1 to 16, prefill tokens/s, --episodes greedy episodes (same
+  actions?) and search's sampled call of 48 rows (same tokens?).
 
 Each timing is the best of --repeats runs, old and new interleaved; "same outputs" counts the
 rows (episodes) whose tokens (actions) equal the old path's. Greedy rows are equal; a sampled
@@ -41,9 +44,10 @@ from offline_agent.envs.base import load_env
 from offline_agent.policy import DEFAULT_MODEL, Sampling, load_policy
 from offline_agent.policy import hf as hf_backend
 from offline_agent.policy.base import Lockstep, call_rows, encode_prompt
+from offline_agent.policy.linear import OneDNNLinear
 from offline_agent.rollout import action_sampling, run_episodes
 
-LEVERS = ("compaction", "refill", "episodes", "threads", "bf16")
+LEVERS = ("compaction", "refill", "episodes", "threads", "bf16", "onednn")
 
 
 def minishop_prompts(tokenizer, count: int) -> tuple[list[str], Sampling]:
@@ -201,6 +205,79 @@ def bf16(policy, args, fp32_actions: list) -> None:
           f"{'' if first is None else f', first difference at action {first}'}")
 
 
+def on_linear(policy, cls, fn):
+    """fn run with every OneDNNLinear of the policy's model set to `cls`."""
+    layers = [m for m in policy.model.modules() if isinstance(m, torch.nn.Linear)]
+
+    def run():
+        for m in layers:
+            m.__class__ = cls
+        try:
+            return fn()
+        finally:
+            for m in layers:
+                m.__class__ = OneDNNLinear
+    return run
+
+
+@torch.no_grad()
+def decode_step_ms(model, batch: int, context: int = 970, steps: int = 8) -> float:
+    """Median time of one decode step of `batch` rows against a cache of `context` tokens."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    ids = torch.randint(0, 40000, (batch, context), generator=torch.Generator().manual_seed(0))
+    model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        model(ids[:, -1:], past_key_values=cache, use_cache=True)
+        times.append(time.perf_counter() - start)
+        cache.crop(-1)
+    return sorted(times)[steps // 2] * 1000
+
+
+def onednn(policy, args) -> None:
+    if not any(isinstance(m, OneDNNLinear) for m in policy.model.modules()):
+        print("   the policy's linear layers are not on oneDNN here (policy/linear.py): skipped")
+        return
+    old, new = "old (MKL, nn.Linear)", "new (oneDNN)"
+    for batch in (1, 2, 4, 8, 16):
+        ms = {k: [] for k in (old, new)}
+        for _ in range(args.repeats):
+            ms[old].append(on_linear(policy, torch.nn.Linear,
+                                     lambda: decode_step_ms(policy.model, batch))())
+            ms[new].append(decode_step_ms(policy.model, batch))
+        print(f"   decode step, batch {batch:2d}, context 970: MKL {min(ms[old]):6.1f} ms, "
+              f"oneDNN {min(ms[new]):6.1f} ms, {min(ms[old]) / min(ms[new]):5.2f}x", flush=True)
+    prompts, sampling = minishop_prompts(policy.tokenizer, 8)
+    rates = {k: [] for k in (old, new)}
+    for _ in range(args.repeats):
+        rates[old].append(on_linear(policy, torch.nn.Linear,
+                                    lambda: prefill_rate(policy, prompts[:4]))())
+        rates[new].append(prefill_rate(policy, prompts[:4]))
+    print(f"   prefill (batch 1, then 4 prompts): MKL {max(rates[old]):6.1f} tok/s, oneDNN "
+          f"{max(rates[new]):6.1f} tok/s, {max(rates[new]) / max(rates[old]):5.2f}x", flush=True)
+    policy.max_batch = 32
+
+    def call():  # cold prefix cache: each side computes its own prompts' KV
+        policy.clear_cache()
+        return ids(policy.sample(prompts, 6, sampling))
+
+    side_by_side("48 sampled rows", {old: on_linear(policy, torch.nn.Linear, call), new: call},
+                 args.repeats, lambda out: sum(map(len, out)))
+    def play():
+        policy.clear_cache()
+        return [[s.action for s in t.steps] for t in run_episodes(
+            policy, lambda: load_env(args.env), load_env(args.env).tasks("test", args.episodes),
+            temperature=0.0, batch_size=args.episodes)]
+
+    policy.max_batch = args.episodes
+    side_by_side(f"{args.episodes} greedy episodes", {
+        old: on_linear(policy, torch.nn.Linear, play), new: play}, 1,
+        lambda out: sum(len(a) for actions in out for a in actions))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levers", nargs="+", choices=LEVERS, default=list(LEVERS))
@@ -228,6 +305,8 @@ def main() -> None:
             actions = episodes(policy, args)
         if lever == "bf16":
             bf16(policy, args, actions)
+        if lever == "onednn":
+            onednn(policy, args)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
 

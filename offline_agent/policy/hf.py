@@ -54,6 +54,7 @@ from .base import (
 from .choices import choice_tree
 from .grammar import CallGrammar, prompt_grammars
 from .kv_buffer import HEADROOM, insert_rows, new_cache, select_rows
+from .linear import use_onednn_linear
 from .models import resolve_model
 from .prefix_cache import PrefixCache
 
@@ -84,6 +85,7 @@ class HFPolicy:
         it trains (GRPO) does so itself and calls clear_cache() after each update."""
         self.model = model
         use_gqa_sdpa(model)  # the same attention without copying K/V per query head
+        use_onednn_linear(model)  # CPU float32 inference: oneDNN's linear beats MKL's (linear.py)
         self.tokenizer = tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token

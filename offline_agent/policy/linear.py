@@ -1,0 +1,39 @@
+"""Linear layers through oneDNN instead of MKL on x86 CPUs, for inference in float32.
+
+torch's `nn.Linear` on CPU calls MKL's sgemm. At the row counts a decode step has (1 to 16
+rows: search decodes a few short actions at a time), MKL streams each weight from memory
+slower than oneDNN's kernel for the same float32 weight, and at 2 to 8 rows it costs about
+twice its 1-row product. The embedded model's whole decode step at context 970 ran 1.46x
+faster at 1 row, 1.86x at 2, 1.36x at 4 and 8, 1.18x at 16; prefills 1.03-1.13x
+(`benchmarks/decode_levers.py --levers onednn`, AMD EPYC, 2 threads). Outputs differ from
+MKL's by float rounding (~1e-6 relative), the size of the difference between two batch shapes.
+
+Only where no gradient is taken: torch's oneDNN linear op has no backward, so a model that
+is trained while a policy holds it (GRPO) trains through `nn.Linear` as before.
+"""
+
+from __future__ import annotations
+
+import platform
+
+import torch
+
+
+class OneDNNLinear(torch.nn.Linear):
+    """`nn.Linear` (same parameters, same state dict) whose no-grad forward runs on oneDNN."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return super().forward(x)
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+def use_onednn_linear(model: torch.nn.Module) -> None:
+    """Switch the float32 linear layers of a model on an x86 CPU to OneDNNLinear. Left as they
+    are: GPUs, other dtypes and other CPUs, where it has not been measured."""
+    if (model.device.type != "cpu" or not torch.backends.mkldnn.is_available()
+            or platform.machine().lower() not in ("x86_64", "amd64")):
+        return
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32:
+            module.__class__ = OneDNNLinear
