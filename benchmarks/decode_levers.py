@@ -246,7 +246,7 @@ def onednn(policy, args) -> None:
         ms = {k: [] for k in (old, new)}
         for _ in range(args.repeats):
             ms[old].append(on_linear(policy, torch.nn.Linear,
-                                     lambda: decode_step_ms(policy.model, batch))())
+                                     lambda b=batch: decode_step_ms(policy.model, b))())
             ms[new].append(decode_step_ms(policy.model, batch))
         print(f"   decode step, batch {batch:2d}, context 970: MKL {min(ms[old]):6.1f} ms, "
               f"oneDNN {min(ms[new]):6.1f} ms, {min(ms[old]) / min(ms[new]):5.2f}x", flush=True)
