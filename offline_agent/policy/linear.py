@@ -3,10 +3,12 @@
 torch's `nn.Linear` on CPU calls MKL's sgemm. At the row counts a decode step has (1 to 16
 rows: search decodes a few short actions at a time), MKL streams each weight from memory
 slower than oneDNN's kernel for the same float32 weight, and at 2 to 8 rows it costs about
-twice its 1-row product. The embedded model's whole decode step at context 970 ran 1.46x
-faster at 1 row, 1.86x at 2, 1.36x at 4 and 8, 1.18x at 16; prefills 1.03-1.13x
-(`benchmarks/decode_levers.py --levers onednn`, AMD EPYC, 2 threads). Outputs differ from
-MKL's by float rounding (~1e-6 relative), the size of the difference between two batch shapes.
+twice its 1-row product. On the idle 2-core AMD EPYC, a decode step of the embedded model at
+context 970 ran 1.15-1.86x faster at 2 to 16 rows and 0.94-1.46x at 1 (with and without
+OMP_WAIT_POLICY=PASSIVE), search's sampled call of 48 rows 1.15x, greedy MiniShop episodes
+1.14x (`benchmarks/decode_levers.py --levers onednn`; docs/performance.md). Outputs differ
+from MKL's by float rounding (~1e-6 relative), the size of the difference between two batch
+shapes.
 
 Only where no gradient is taken: torch's oneDNN linear op has no backward, so a model that
 is trained while a policy holds it (GRPO) trains through `nn.Linear` as before.
