@@ -22,6 +22,7 @@ def layer(bias: bool) -> tuple[torch.nn.Linear, torch.nn.Linear]:
     return plain, fast
 
 
+@pytest.mark.skipif(not X86, reason="oneDNN linear is switched on only on x86 CPUs")
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 48), (5, 48), (3, 7, 48)])
 def test_no_grad_forward_equals_nn_linear(bias, shape):

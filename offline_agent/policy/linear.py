@@ -4,9 +4,10 @@ torch's `nn.Linear` on CPU calls MKL's sgemm. At the row counts a decode step ha
 rows: search decodes a few short actions at a time), MKL streams each weight from memory
 slower than oneDNN's kernel for the same float32 weight, and at 2 to 8 rows it costs about
 twice its 1-row product. On the idle 2-core AMD EPYC, a decode step of the embedded model at
-context 970 ran 1.15-1.86x faster at 2 to 16 rows and 0.94-1.46x at 1 (with and without
-OMP_WAIT_POLICY=PASSIVE), search's sampled call of 48 rows 1.15x, greedy MiniShop episodes
-1.14x (`benchmarks/decode_levers.py --levers onednn`; docs/performance.md). Outputs differ
+context 970 ran 1.21-1.76x faster at 2 to 8 rows, 1.29x at 1 and 1.05x at 16, search's
+sampled call of 48 rows 1.32x, greedy MiniShop episodes 1.11x, a prefill 0.94x
+(`benchmarks/decode_levers.py --levers onednn --threads 2`; with OMP_WAIT_POLICY=PASSIVE
+other ratios, docs/performance.md). Outputs differ
 from MKL's by float rounding (~1e-6 relative), the size of the difference between two batch
 shapes.
 
