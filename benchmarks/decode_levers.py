@@ -38,6 +38,7 @@ import time
 from collections import deque
 
 import torch
+from transformers import DynamicCache
 
 from offline_agent.chat import history_messages, render_prompt
 from offline_agent.envs.base import load_env
@@ -223,8 +224,6 @@ def on_linear(policy, cls, fn):
 @torch.no_grad()
 def decode_step_ms(model, batch: int, context: int = 970, steps: int = 8) -> float:
     """Median time of one decode step of `batch` rows against a cache of `context` tokens."""
-    from transformers import DynamicCache
-
     cache = DynamicCache()
     ids = torch.randint(0, 40000, (batch, context), generator=torch.Generator().manual_seed(0))
     model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -266,6 +265,7 @@ def onednn(policy, args) -> None:
 
     side_by_side("48 sampled rows", {old: on_linear(policy, torch.nn.Linear, call), new: call},
                  args.repeats, lambda out: sum(map(len, out)))
+
     def play():
         policy.clear_cache()
         return [[s.action for s in t.steps] for t in run_episodes(

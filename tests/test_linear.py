@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import platform
-
 import pytest
 import torch
 
 from offline_agent.policy.hf import HFPolicy
-from offline_agent.policy.linear import OneDNNLinear, use_onednn_linear
+from offline_agent.policy.linear import OneDNNLinear, on_x86_with_onednn, use_onednn_linear
 
-X86 = torch.backends.mkldnn.is_available() and platform.machine().lower() in ("x86_64", "amd64")
+X86 = on_x86_with_onednn()
 
 
 def layer(bias: bool) -> tuple[torch.nn.Linear, torch.nn.Linear]:

@@ -7,9 +7,8 @@ twice its 1-row product. On the idle 2-core AMD EPYC, a decode step of the embed
 context 970 ran 1.21-1.76x faster at 2 to 8 rows, 1.29x at 1 and 1.05x at 16, search's
 sampled call of 48 rows 1.32x, greedy MiniShop episodes 1.11x, a prefill 0.94x
 (`benchmarks/decode_levers.py --levers onednn --threads 2`; with OMP_WAIT_POLICY=PASSIVE
-other ratios, docs/performance.md). Outputs differ
-from MKL's by float rounding (~1e-6 relative), the size of the difference between two batch
-shapes.
+other ratios, docs/performance.md). Outputs differ from MKL's by float rounding (~1e-6
+relative), the size of the difference between two batch shapes.
 
 Only where no gradient is taken: torch's oneDNN linear op has no backward, so a model that
 is trained while a policy holds it (GRPO) trains through `nn.Linear` as before.
@@ -31,11 +30,16 @@ class OneDNNLinear(torch.nn.Linear):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
+def on_x86_with_onednn() -> bool:
+    """The CPUs where it was measured: x86 with torch's oneDNN built in."""
+    return (torch.backends.mkldnn.is_available()
+            and platform.machine().lower() in ("x86_64", "amd64"))
+
+
 def use_onednn_linear(model: torch.nn.Module) -> None:
     """Switch the float32 linear layers of a model on an x86 CPU to OneDNNLinear. Left as they
     are: GPUs, other dtypes and other CPUs, where it has not been measured."""
-    if (model.device.type != "cpu" or not torch.backends.mkldnn.is_available()
-            or platform.machine().lower() not in ("x86_64", "amd64")):
+    if model.device.type != "cpu" or not on_x86_with_onednn():
         return
     for module in model.modules():
         if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32:
