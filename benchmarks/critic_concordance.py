@@ -82,7 +82,7 @@ def main() -> None:
     for kind in args.targets:
         items = [i for task_id, nodes in trees for i in encode_tree(
             tokenizer, env.system_prompt(), env.demonstration(), tasks[task_id], nodes,
-            stored_endings(env, nodes) if kind == "endings" else None)]
+            stored_endings(env, nodes) if kind == "endings" else None, cfg.critic.state)]
         print(f"targets {kind}: {len(items)} states, {sum(len(i.targets) for i in items)} "
               "targets", flush=True)
         for r in args.lora_r:

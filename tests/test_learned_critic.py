@@ -172,7 +172,7 @@ def test_learned_critic_scores_in_request_order_as_one_forward_each(tiny_model_d
     model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), 2, 0, ["q_proj"])
     torch.manual_seed(1)  # a head that reads something: its zero init values all alike
     torch.nn.init.normal_(model.head.weight, std=1.0)
-    value_model.save(model, tmp_path / "v", tiny_model_dir, 2)
+    value_model.save(model, tmp_path / "v", tiny_model_dir, 2, "conversation")
     critic = LearnedCritic.load(tmp_path / "v", FakeEnv(), budget=4096)
     task = Task("t", "fake", "do it")
     step = Step(action="look", observation="a page")
@@ -296,7 +296,7 @@ def test_search_takes_the_critic_search_critic_names(tmp_path, tiny_model_dir):
     from pipelines.stages.search import make_critic
 
     model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), 0, 0, [])
-    value_model.save(model, tmp_path / "v", tiny_model_dir, 0)
+    value_model.save(model, tmp_path / "v", tiny_model_dir, 0, "conversation")
     with Store(tmp_path / "s.duckdb") as store:
         store.set_checkpoint("critic", "", FINAL, {"folder": "v"})
 

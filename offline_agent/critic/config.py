@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from offline_agent.config_fields import config_field as _f
 
+STATES = ("conversation", "page")  # critic.state: how a state is read (value_model.state_prompt)
+
 
 @dataclass
 class CriticConfig:
@@ -22,11 +24,17 @@ class CriticConfig:
                            "best epoch's weights are kept")
     holdout: float = _f(0.25, "share of the train tasks whose trees are held out (by task) for "
                               "validation, early stopping and the concordance figure")
+    state: str = _f("conversation", "what a state is to the critic: conversation (the policy's, "
+                                    "every step so far) or page (the goal and the env's latest "
+                                    "observation alone: where it describes the whole state, "
+                                    "as MiniShop's pages do, the same page is one value)")
     pack_tokens: int = _f(8192, "most tokens in one forward: states and their actions are "
                                 "packed into prefix tries of at most this size")
     seed: int = _f(0, "seed of the task split, data order and initialisation")
 
     def __post_init__(self):
+        if self.state not in STATES:
+            raise ValueError(f"critic.state must be one of {STATES}, got {self.state!r}")
         if self.lora_r < 0:
             raise ValueError(f"critic.lora_r must be >= 0, got {self.lora_r}")
         if not 0 <= self.holdout < 1:

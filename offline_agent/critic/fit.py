@@ -16,10 +16,15 @@ from typing import Protocol
 
 import torch
 
-from offline_agent.chat import history_messages
 from offline_agent.critic.config import CriticConfig
 from offline_agent.critic.targets import Target, families, split_tasks
-from offline_agent.critic.value_model import ValueModel, encode_actions, pack_values, values_of
+from offline_agent.critic.value_model import (
+    ValueModel,
+    encode_actions,
+    pack_values,
+    state_prompt,
+    values_of,
+)
 from offline_agent.mining.build import StoredNode, path_steps
 from offline_agent.training.logprobs import Encoded, groups
 from offline_agent.types import Message, Task
@@ -53,14 +58,15 @@ class Fitted:
 
 def encode_tree(tokenizer, system: str, demo: list[Message], task: Task,
                 nodes: Sequence[TreeNode],
-                endings: Mapping[int, Sequence[tuple[str, float]]] | None = None) -> list[Item]:
+                endings: Mapping[int, Sequence[tuple[str, float]]] | None = None,
+                state: str = "conversation") -> list[Item]:
     """Every family of one tree (with the `endings` critic/endings.py read at its states) as
-    an Item, prompts as the policy saw them."""
+    an Item, each state read as `state` says (value_model.state_prompt)."""
     by_id: Mapping[int, TreeNode] = {n.node_id: n for n in nodes}
     items = []
     for fam in families(nodes, endings):
         first, steps = path_steps(by_id, fam.parent_id)
-        prompt = history_messages(system, task.instruction, first, steps, demo)
+        prompt = state_prompt(state, system, demo, task.instruction, first, steps)
         actions = [t.action if t.node_id is None else by_id[t.node_id].action or ""
                    for t in fam.children]
         items.append(Item(task.id, encode_actions(tokenizer, prompt, actions), fam.children))

@@ -11,26 +11,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from offline_agent.chat import history_messages
 from offline_agent.critic import value_model
-from offline_agent.critic.value_model import ValueModel, encode_actions
+from offline_agent.critic.value_model import ValueModel, encode_actions, state_prompt
 from offline_agent.envs.base import Env
 from offline_agent.search.requests import Critique
 
 
 class LearnedCritic:
-    def __init__(self, model: ValueModel, tokenizer, env: Env, budget: int = 8192):
-        self.model, self.tokenizer, self.budget = model, tokenizer, budget
+    def __init__(self, model: ValueModel, tokenizer, env: Env, budget: int = 8192,
+                 state: str = "conversation"):
+        self.model, self.tokenizer, self.budget, self.state = model, tokenizer, budget, state
         self.system, self.demo = env.system_prompt(), env.demonstration()
 
     @classmethod
     def load(cls, folder: str | Path, env: Env, device: str = "cpu",
              budget: int = 8192) -> LearnedCritic:
-        """The value model saved in `folder` (value_model.save), with its base's tokenizer."""
+        """The value model saved in `folder` (value_model.save), with its base's tokenizer and
+        the state reading it was fitted with."""
         tokenizer = value_model.load_tokenizer(value_model.base_of(folder))
-        return cls(value_model.load(folder, device), tokenizer, env, budget)
+        return cls(value_model.load(folder, device), tokenizer, env, budget,
+                   value_model.state_of(folder))
 
     def score(self, requests: list[Critique]) -> list[list[float]]:
-        return value_model.values_of(self.model, [encode_actions(self.tokenizer, history_messages(
-            self.system, r.task.instruction, r.first_observation, r.steps, self.demo), r.actions)
-            for r in requests], self.budget)
+        return value_model.values_of(self.model, [encode_actions(self.tokenizer, state_prompt(
+            self.state, self.system, self.demo, r.task.instruction, r.first_observation, r.steps),
+            r.actions) for r in requests], self.budget)

@@ -2,16 +2,19 @@
 the last token of the action (the end-of-turn token the policy emits to stop), optionally
 with LoRA on the base (critic.lora_r; 0: the base stays frozen, only the head learns).
 
-A state and its candidate actions are encoded as the policy sees them (offline_agent.chat:
-the node's conversation, then one assistant turn per action) and packed as a prefix trie
+A state is read one of two ways (critic.state, `state_prompt`): as the policy saw it (the
+node's conversation: system prompt, demonstration, goal, every step so far), or as the goal and
+the env's latest observation alone (`page`: where an observation describes the whole state, as
+MiniShop's pages do, two paths to the same page are one state, whatever the steps before). Its
+candidate actions follow as one assistant turn each, and all are packed as a prefix trie
 (training/logprobs.py): the shared prompt is one branch computed once, each action one
 branch off it. One forward of the decoder (the LM head is never run) over the flattened trie
 gives every action's value: no forward per action, and no second forward for the head,
 which reads the hidden states that forward computes. Several states go in one trie; the
 system prompt and demonstration they share are computed once too.
 
-Saved as a folder: value_head.safetensors, critic.json (the base and lora_r), and with LoRA
-the PEFT adapter files.
+Saved as a folder: value_head.safetensors, critic.json (the base, lora_r and state), and with
+LoRA the PEFT adapter files.
 """
 
 from __future__ import annotations
@@ -23,13 +26,26 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from offline_agent.chat import encode_prompt_completion
+from offline_agent.chat import encode_prompt_completion, history_messages
+from offline_agent.critic.config import STATES
 from offline_agent.policy.adapters import import_peft, quiet_peft
 from offline_agent.training import trie_attention
 from offline_agent.training.logprobs import Encoded, Trie, ancestors, groups
-from offline_agent.types import Message
+from offline_agent.types import Message, Step
 
 HEAD, META = "value_head.safetensors", "critic.json"
+
+
+def state_prompt(state: str, system: str, demo: list[Message], instruction: str,
+                 first_observation: str, steps: list[Step]) -> list[Message]:
+    """The messages a state is valued from: the policy's conversation (`conversation`), or the
+    same system prompt, demonstration and goal with the latest observation alone (`page`)."""
+    if state == "conversation":
+        return history_messages(system, instruction, first_observation, steps, demo)
+    if state == "page":
+        page = steps[-1].observation if steps else first_observation
+        return history_messages(system, instruction, page, [], demo)
+    raise ValueError(f"critic state must be one of {STATES}, got {state!r}")
 
 
 def encode_actions(tokenizer, prompt: list[Message], actions: list[str]) -> list[list[int]]:
@@ -128,12 +144,12 @@ def build(lm, lora_r: int, seed: int, target_modules: list[str]) -> ValueModel:
     return ValueModel(lm, head.to(next(lm.parameters()).device))
 
 
-def save(model: ValueModel, folder: Path, base: str, lora_r: int) -> None:
+def save(model: ValueModel, folder: Path, base: str, lora_r: int, state: str) -> None:
     """Write the head, the metadata and (with LoRA) the adapter into `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()},
               folder / HEAD)
-    (folder / META).write_text(json.dumps({"base": base, "lora_r": lora_r}))
+    (folder / META).write_text(json.dumps({"base": base, "lora_r": lora_r, "state": state}))
     if lora_r:
         model.lm.save_pretrained(folder)
 
@@ -166,6 +182,12 @@ def load_tokenizer(model_id: str):
 def base_of(folder: str | Path) -> str:
     """The model id the value model in `folder` sits on."""
     return json.loads((Path(folder) / META).read_text())["base"]
+
+
+def state_of(folder: str | Path) -> str:
+    """How the value model in `folder` reads a state (`state_prompt`); folders saved before
+    critic.state existed read the conversation."""
+    return json.loads((Path(folder) / META).read_text()).get("state", "conversation")
 
 
 def load(folder: str | Path, device: str = "cpu") -> ValueModel:

@@ -97,7 +97,7 @@ def _fit(ctx: StageContext) -> dict:
     tokenizer = value_model.load_tokenizer(cfg.model.id)
     items = [item for task_id, nodes in trees for item in encode_tree(
         tokenizer, env.system_prompt(), env.demonstration(), tasks[task_id], nodes,
-        stored_endings(env, nodes))]
+        stored_endings(env, nodes), cfg.critic.state)]
     if not items:
         raise RunError(f"stage {ctx.stage}: the stored trees hold no visited child to learn from")
     ctx.progress.update(families=len(items))
@@ -107,7 +107,7 @@ def _fit(ctx: StageContext) -> dict:
     values = predict(fitted.model, items, cfg.critic.pack_tokens)
 
     def fill(tmp: Path) -> None:
-        value_model.save(fitted.model, tmp, cfg.model.id, cfg.critic.lora_r)
+        value_model.save(fitted.model, tmp, cfg.model.id, cfg.critic.lora_r, cfg.critic.state)
         (tmp / VALUES).write_text(json.dumps({str(k): v for k, v in values.items()}))
 
     folder = write_atomic(ctx.checkpoint_dir / "final", fill)
