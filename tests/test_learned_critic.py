@@ -189,6 +189,50 @@ def test_learned_critic_scores_in_request_order_as_one_forward_each(tiny_model_d
     assert scores[0][1] == pytest.approx(scores[2][0], abs=1e-4)  # same state, same action
 
 
+def test_page_state_values_the_goal_and_latest_page_whatever_the_steps_before(
+        tiny_model_dir, tokenizer, tmp_path):
+    """critic.state page: a state is the goal and the latest observation, so two histories that
+    end on the same page get the same values, and the state reading travels in critic.json;
+    the conversation reading tells them apart. A folder saved before critic.state reads the
+    conversation."""
+    import json
+
+    import torch
+
+    from offline_agent.critic import value_model
+    from offline_agent.critic.learned import LearnedCritic
+    from offline_agent.critic.value_model import state_prompt
+    from tests.fakes import FakeEnv
+
+    task = Task("t", "fake", "do it")
+    short = [Step(action="look", observation="the page")]
+    long = [Step(action="open", observation="another page"), *short[:1]]
+    prompt = state_prompt("page", "sys", [], task.instruction, "start", long)
+    assert [m.role for m in prompt] == ["system", "user"]
+    assert prompt[1].content == "do it\n\nthe page"
+    assert state_prompt("page", "sys", [], task.instruction, "start", []) == \
+        state_prompt("conversation", "sys", [], task.instruction, "start", [])
+    with pytest.raises(ValueError, match="critic state"):
+        state_prompt("screen", "sys", [], task.instruction, "start", [])
+
+    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), 0, 0, [])
+    torch.manual_seed(1)
+    torch.nn.init.normal_(model.head.weight, std=1.0)
+    scores = {}
+    for state in ("page", "conversation"):
+        value_model.save(model, tmp_path / state, tiny_model_dir, 0, state)
+        critic = LearnedCritic.load(tmp_path / state, FakeEnv())
+        assert critic.state == state
+        scores[state] = critic.score([Critique(task, "start", short, ["buy"]),
+                                      Critique(task, "start", long, ["buy"])])
+    assert scores["page"][0] == pytest.approx(scores["page"][1], abs=1e-5)
+    assert scores["conversation"][0] != pytest.approx(scores["conversation"][1], abs=1e-3)
+    meta = tmp_path / "page" / value_model.META
+    meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items()
+                                if k != "state"}))
+    assert value_model.state_of(tmp_path / "page") == "conversation"
+
+
 # ---- mining with learned values ------------------------------------------------------------
 def test_mining_reads_the_learned_values_in_sql_as_in_python(tmp_path):
     import random
@@ -314,7 +358,8 @@ def test_search_takes_the_critic_search_critic_names(tmp_path, tiny_model_dir):
 
 # ---- config --------------------------------------------------------------------------------
 @pytest.mark.parametrize("override", ["critic.lora_r=-1", "critic.holdout=1.0",
-                                      "critic.epochs=0", "critic.lr=0", "search.critic=value"])
+                                      "critic.epochs=0", "critic.lr=0", "search.critic=value",
+                                      "critic.state=screen"])
 def test_config_rejects_bad_critic_values(override):
     with pytest.raises(ConfigError):
         RunConfig.load(None, [override])
