@@ -107,7 +107,7 @@ def tiny_trees(tokenizer) -> list:
             rows.append(node(t, j + 1, 0, visits=1, value_sum=q, realized_sum=q, action=word,
                              observation="ok"))
         task = Task(f"task{t}", "fake", f"do {t}")
-        items += encode_tree(tokenizer, "You act.", [], task, rows)
+        items += encode_tree(tokenizer, "You act.", [], task, rows, None, "conversation")
     return items
 
 
@@ -118,8 +118,9 @@ def test_endings_are_encoded_as_their_text_in_their_state_s_item(tokenizer):
 
     rows = hand_tree()
     task = Task("t", "fake", "do it")
-    plain = encode_tree(tokenizer, "You act.", [], task, rows)
-    items = encode_tree(tokenizer, "You act.", [], task, rows, {make_node_id(0, 0): [("z", .6)]})
+    plain = encode_tree(tokenizer, "You act.", [], task, rows, None, "conversation")
+    items = encode_tree(tokenizer, "You act.", [], task, rows, {make_node_id(0, 0): [("z", .6)]},
+                        "conversation")
     assert items[0].seqs[:-1] == plain[0].seqs and items[1:] == plain[1:]
     prompt = history_messages("You act.", "do it", rows[0].observation or "", [], [])
     assert items[0].seqs[-1] == encode_actions(tokenizer, prompt, ["z"])[0]

@@ -57,9 +57,8 @@ class Fitted:
 
 
 def encode_tree(tokenizer, system: str, demo: list[Message], task: Task,
-                nodes: Sequence[TreeNode],
-                endings: Mapping[int, Sequence[tuple[str, float]]] | None = None,
-                state: str = "conversation") -> list[Item]:
+                nodes: Sequence[TreeNode], endings: Mapping[int, Sequence[tuple[str, float]]] | None,
+                state: str) -> list[Item]:
     """Every family of one tree (with the `endings` critic/endings.py read at its states) as
     an Item, each state read as `state` says (value_model.state_prompt)."""
     by_id: Mapping[int, TreeNode] = {n.node_id: n for n in nodes}

@@ -18,8 +18,7 @@ from offline_agent.search.requests import Critique
 
 
 class LearnedCritic:
-    def __init__(self, model: ValueModel, tokenizer, env: Env, budget: int = 8192,
-                 state: str = "conversation"):
+    def __init__(self, model: ValueModel, tokenizer, env: Env, budget: int, state: str):
         self.model, self.tokenizer, self.budget, self.state = model, tokenizer, budget, state
         self.system, self.demo = env.system_prompt(), env.demonstration()
 
