@@ -24,10 +24,9 @@ class CriticConfig:
                            "best epoch's weights are kept")
     holdout: float = _f(0.25, "share of the train tasks whose trees are held out (by task) for "
                               "validation, early stopping and the concordance figure")
-    state: str = _f("conversation", "what a state is to the critic: conversation (the policy's, "
-                                    "every step so far) or page (the goal and the env's latest "
-                                    "observation alone: where it describes the whole state, "
-                                    "as MiniShop's pages do, the same page is one value)")
+    state: str = _f("conversation", "a state to the critic: conversation (every step so far) or "
+                                    "page (goal + latest observation, for envs whose pages "
+                                    "show the whole state)")
     pack_tokens: int = _f(8192, "most tokens in one forward: states and their actions are "
                                 "packed into prefix tries of at most this size")
     seed: int = _f(0, "seed of the task split, data order and initialisation")
