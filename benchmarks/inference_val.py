@@ -9,7 +9,7 @@ mean reward with 95% intervals, the paired difference against the same policy gr
 named baseline), wins:losses with McNemar's p, simulations and seconds.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/inference_val.py RUN_DIR \
-        --policy base --settings path:8 step:1 step:2
+        --policy base --settings path:8 step:1 step:2 [--set search.step_cost=0.01]
 """
 
 from __future__ import annotations
@@ -59,13 +59,16 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", default=["path:8", "step:2"],
                     help="COMMIT:SIMULATIONS, e.g. path:8 (per task) step:2 (per step)")
     ap.add_argument("--tasks", type=int, default=0, help="the first N validation tasks; 0: all")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override on the run's config.yaml, as `offline-agent run` "
+                         "takes it (e.g. search.step_cost=0.01); repeatable")
     ap.add_argument("--out", type=Path, help="also write the rows (and each setting's episodes: "
                     "task, reward, actions) here as JSON")
     args = ap.parse_args()
 
     from offline_agent.policy import load_policy
 
-    cfg = RunConfig.load(args.run_dir / "config.yaml", [])
+    cfg = RunConfig.load(args.run_dir / "config.yaml", args.set)
     with Store(args.run_dir / "store.duckdb", read_only=True) as store:
         tasks = store.tasks(VAL)
         adapter = None if args.policy == BASE else store.final_checkpoints("train")[
