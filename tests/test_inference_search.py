@@ -29,6 +29,7 @@ from offline_agent.search.mcts import (
     Ending,
     Node,
     Tree,
+    child_value,
     drive,
     leaf_value,
     search_step,
@@ -117,10 +118,15 @@ def test_search_config_checks_leaf_value_and_verifier():
         SearchConfig(leaf_value="critic", critic="none")
     with pytest.raises(ValueError, match="verifier-free"):
         SearchConfig(verifier=False)  # rollouts and finish would read the reward
+    with pytest.raises(ValueError, match="needs search.critic learned"):
+        SearchConfig(verifier=False, leaf_value="critic")  # finish: the frozen critic can't value
     blind = inference_config(SearchConfig(critic="none", simulations=3), simulations=5)
     assert (blind.simulations, blind.verifier, blind.finish, blind.leaf_value) == (
         5, False, False, "critic")
     assert blind.critic != "none"
+    learned = inference_config(SearchConfig(critic="learned"), simulations=5)
+    assert (learned.verifier, learned.finish, learned.critic) == (False, True, "learned")
+    assert not inference_config(SearchConfig(critic="learned", finish=False), 5).finish
 
 
 # ---- the Env side ---------------------------------------------------------------------------
@@ -277,3 +283,111 @@ def test_prefixes_are_replayed_before_the_policy_plays(tokenizer):
     assert episodes[1].steps[0].token_ids == [1, 2]
     assert policy.rows == 2 and SubmitCorridor.verifier_calls == 3
 
+
+
+# ---- finish without the verifier: the critic values the endings a child's state lists --------
+class ListedSubmitCorridor(SubmitCorridor):
+    """SubmitCorridor that lists its actions, `submit` among them."""
+
+    def available_actions(self):
+        return ["go[left]", "go[right]", "submit"]
+
+
+def ending_critic(requests):
+    """A critic stand-in: `submit` after a path ending in rr is worth .9, after rl .4, else .1;
+    any other action .2."""
+    def value(request, action):
+        where = "".join(s.action[3] for s in request.steps if s.action.startswith("go["))
+        return {"rr": .9, "rl": .4}.get(where[-2:], .1) if action == "submit" else .2
+    return [[value(r, a) for a in r.actions] for r in requests]
+
+
+def test_verifier_free_finish_takes_the_critic_s_value_of_ending_one_step_on():
+    cfg = SearchConfig(simulations=8, k=3, max_depth=4, verifier=False, leaf_value="critic",
+                       critic="learned")
+    SubmitCorridor.verifier_calls = 0
+    env = ListedSubmitCorridor(max_steps=4)
+    tree = Tree.new(env.tasks("test", 1)[0], env)
+    asked = []
+
+    def serve(request):
+        if isinstance(request, Sample):
+            return [(MOVES[(request.seed + j) % 2], None) for j in range(request.n)]
+        if isinstance(request, Rank):
+            return [[0.0] * len(request.actions)] * 2
+        asked.append(request)
+        return ending_critic([request])[0]
+
+    for _ in range(cfg.simulations):
+        drive(simulate(tree, env, cfg), serve)
+    assert SubmitCorridor.verifier_calls == 0  # nothing was submitted for real
+    going_on = [n for n in tree.nodes[1:] if not n.terminal]
+    assert going_on and all(n.reward == 0 for n in tree.nodes)
+    for node in going_on:  # each asked once, at its own state, for the ending it lists
+        (request,) = [r for r in asked if r.actions == ["submit"]
+                      and [s.action for s in r.steps] == [s.action for s in tree.steps(node)]]
+        assert node.ending == ending_critic([request])[0][0]
+        assert child_value(node, 0.5, 1 / 3, verifier=False) == pytest.approx(
+            node.ending if not node.visits else 0.5 * node.q + 0.5 * node.ending)
+    rr = [n for n in going_on if n.action == "go[right]" and n.depth == 2
+          and tree.nodes[n.parent].action == "go[right]"]
+    assert all(n.ending == .9 for n in rr)
+    assert sum(1 for n in tree.nodes if n.terminal) >= 1  # `submit` children stay, valued too
+
+
+def test_finish_off_or_an_unlisted_ending_asks_the_critic_nothing_more():
+    env = ListedSubmitCorridor(max_steps=4)
+    off = SearchConfig(simulations=4, k=3, max_depth=4, verifier=False, leaf_value="critic",
+                       critic="learned", finish=False)
+    for cfg, make in ((off, ListedSubmitCorridor), (replace(off, finish=True), SubmitCorridor)):
+        env = make(max_steps=4)  # SubmitCorridor lists nothing: no ending to value
+        tree = Tree.new(env.tasks("test", 1)[0], env)
+        counts: dict = {}
+        for _ in range(cfg.simulations):
+            drive(simulate(tree, env, cfg), counting_serve(counts))
+        assert counts["Critique"] == sum(1 for n in tree.nodes if n.children)
+        assert all(n.ending is None for n in tree.nodes)
+
+
+def test_verifier_free_finish_always_offers_the_listed_ending_as_a_child():
+    """Proposals that never write `submit`, k 2 with one listed slot: every expanded state
+    still has the env's `submit` as a child (never run), since the agent may always end."""
+    cfg = SearchConfig(simulations=6, k=2, listed=1, max_depth=4, verifier=False,
+                       leaf_value="critic", critic="learned")
+    SubmitCorridor.verifier_calls = 0
+    env = ListedSubmitCorridor(max_steps=4)
+    tree = Tree.new(env.tasks("test", 1)[0], env)
+
+    def serve(request):
+        if isinstance(request, Sample):
+            return [("go[left]", None)] * request.n
+        if isinstance(request, Rank):  # the policy's ranking puts `submit` last
+            return [[-float(a == "submit") for a in request.actions]] * 2
+        return ending_critic([request])[0]
+
+    for _ in range(cfg.simulations):
+        drive(simulate(tree, env, cfg), serve)
+    expanded = [n for n in tree.nodes if n.children and n.depth < cfg.max_depth - 1]
+    assert expanded and SubmitCorridor.verifier_calls == 0
+    for node in expanded:
+        kids = [tree.nodes[i] for i in node.children]
+        assert [k.action for k in kids if k.terminal] == ["submit"]
+    off = replace(cfg, finish=False)
+    tree = Tree.new(env.tasks("test", 1)[0], env)
+    drive(simulate(tree, env, off), serve)
+    assert "submit" not in [tree.nodes[i].action for i in tree.root.children]  # ranked last
+
+
+def test_going_on_must_beat_ending_now_by_the_step_cost():
+    """Verifier-free finish: a child that goes on is worth the critic's value of ending one
+    step later less `step_cost`, so an action that leaves the state as it was (its ending value
+    equals ending now) loses to ending now instead of tying with it."""
+    end_now = Node(id=1, parent=0, depth=1, terminal=True, critic_score=0.6)
+    no_op = Node(id=2, parent=0, depth=1, critic_score=0.9, ending=0.6)
+    better = Node(id=3, parent=0, depth=1, critic_score=0.1, ending=0.65)
+    value = lambda n, c: child_value(n, 0.5, 1 / 3, verifier=False, step_cost=c)  # noqa: E731
+    assert value(end_now, 0.01) == pytest.approx(0.6)
+    assert value(no_op, 0.01) == pytest.approx(0.59) and value(no_op, 0.0) == pytest.approx(0.6)
+    assert value(better, 0.01) == pytest.approx(0.64)
+    assert value(better, 0.01) > value(end_now, 0.01) > value(no_op, 0.01)
+    assert child_value(no_op, 0.5, 1 / 3, verifier=True, step_cost=0.01) == pytest.approx(0.6)

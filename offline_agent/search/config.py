@@ -28,8 +28,8 @@ class SearchConfig:
     rollout_temperature: float = _f(0.7, "sampling temperature for rollouts to a terminal state")
     alpha: float = _f(0.5, "MCTS weight in the value alpha*Q_mcts + (1-alpha)*Q_critic "
                            "(Agent Q eq. 10) that selection uses; mining has mine.alpha")
-    finish: bool = _f(True, "try the listed actions that end the episode on snapshots, without "
-                            "model calls (docs/architecture.md); off where ending is costly")
+    finish: bool = _f(True, "try the listed endings on snapshots, no model call; verifier-free: "
+                            "the learned critic values them, never run (docs/architecture.md)")
     step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")
     critic: str = _f("frozen", "frozen: the base model ranks the proposals (old name logprob, "
                                "still accepted); learned: stage critic's value model (round 1: "
@@ -76,10 +76,13 @@ class SearchConfig:
         if self.leaf_value != "rollout" and self.critic == "none":
             raise ValueError(f"search.leaf_value {self.leaf_value} needs a critic: "
                              "search.critic is none")
-        if not self.verifier and (self.leaf_value != "critic" or self.finish):
+        if not self.verifier and self.leaf_value != "critic":
             raise ValueError("search.verifier false (verifier-free search) needs "
-                             "search.leaf_value critic and search.finish false: rollouts and "
-                             "finish read the env's reward")
+                             "search.leaf_value critic: rollouts read the env's reward")
+        if not self.verifier and self.finish and self.critic != "learned":
+            raise ValueError("search.verifier false with search.finish needs search.critic "
+                             "learned: the endings are valued by the critic, and the frozen "
+                             "one only ranks siblings")
 
     @property
     def shard_index(self) -> tuple[int, int]:

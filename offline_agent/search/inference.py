@@ -3,7 +3,9 @@ policy being evaluated and a critic, never reading the env's reward, then one ep
 for real.
 
 The search is verifier-free (`SearchConfig.verifier` false): the env's ending tools are never
-executed, leaves are valued by the critic, no rollout runs. How the agent commits
+executed, leaves are valued by the critic, no rollout runs; with a learned critic and
+`search.finish`, a state's listed endings are valued by the critic in place of the reward
+`finish` reads in training search. How the agent commits
 (`eval.mcts_commit`):
 
 - `path`: one search of `simulations` per task, then the most-visited path from the root;
@@ -38,10 +40,12 @@ FROZEN = "frozen"  # the frozen critic's search.critic name, used when the run h
 
 def inference_config(search: SearchConfig, simulations: int) -> SearchConfig:
     """The run's search settings, verifier-free: leaves valued by the critic (the frozen one
-    where search.critic is none), no ending tried on snapshots, `simulations` per task."""
+    where search.critic is none), `simulations` per task. With a learned critic, `finish` stays
+    as the run set it: the endings a state lists are valued by the critic, never run; the
+    frozen critic only ranks siblings, so it has no value of ending to give."""
     critic = FROZEN if search.critic == "none" else search.critic
-    return replace(search, simulations=simulations, verifier=False, finish=False,
-                   leaf_value="critic", critic=critic)
+    return replace(search, simulations=simulations, verifier=False, leaf_value="critic",
+                   critic=critic, finish=search.finish and critic == "learned")
 
 
 def most_visited_child(tree: Tree, node: Node) -> Node | None:

@@ -19,7 +19,9 @@ of returns (Q_mcts): a new leaf's value is the return of a rollout to a terminal
 Verifier-free search (`cfg.verifier` false, what inference runs: eval.mcts) never reads the
 env's reward: an action calling one of the env's `ending_tools` is not executed but becomes a
 terminal leaf, an ending step the env ran anyway has its reward dropped, and every leaf,
-terminal ones included, is worth the critic's score (docs/architecture.md).
+terminal ones included, is worth the critic's score; with `cfg.finish` (a learned critic), the
+better of it and the critic's value of the endings the leaf's state lists, never run
+(docs/architecture.md).
 
 Where the env lists its actions, search also spends env steps, which cost microseconds in a
 simulator with snapshots, to save model calls, which cost seconds on a CPU: the endings a
@@ -161,19 +163,30 @@ def puct(q: float, prior: float, n_parent: int, n_child: int, c: float) -> float
     return q + c * prior * math.sqrt(n_parent) / (1 + n_child)
 
 
-def child_value(node: Node, alpha: float, uniform: float, verifier: bool = True) -> float:
+def child_value(node: Node, alpha: float, uniform: float, verifier: bool = True,
+                step_cost: float = 0.0) -> float:
     """Agent Q eq. 10, alpha*Q_mcts + (1-alpha)*Q_critic, once visited; before that, the
     critic's score alone (`uniform` without a critic), so the AI critique orders first visits.
     A terminal child is worth the reward the env gave it when it was expanded, visited or not:
     that score is exact, and mixing in the critic's guess made search re-select endings known
     to fail (a simulation that learns nothing). Verifier-free (`verifier` false), a terminal
-    child has no reward: it is valued like any other."""
+    child has no reward: it is valued like any other, by `critic_value`."""
     if node.terminal and verifier:
         return node.reward
-    critic = uniform if node.critic_score is None else node.critic_score
+    critic = critic_value(node, uniform, verifier, step_cost)
     if node.visits:
         return alpha * node.q + (1 - alpha) * critic
-    return critic if node.ending is None else node.ending
+    return critic if node.ending is None or not verifier else node.ending
+
+
+def critic_value(node: Node, uniform: float, verifier: bool, step_cost: float = 0.0) -> float:
+    """The critic's score of the node's action (`uniform` without one). Verifier-free with
+    `finish`, a child whose state lists endings is worth ending there instead: `ending`, the
+    critic's value of the best of them (`critic_endings`), less the step it costs. So going on
+    must promise more than ending now by more than a step: an action that leaves the state as
+    it was (re-clicking a chosen option) ties with ending here and loses by the step."""
+    critic = uniform if node.critic_score is None else node.critic_score
+    return critic if verifier or node.ending is None else node.ending - step_cost
 
 
 def select_child(tree: Tree, node: Node, cfg: SearchConfig) -> Node:
@@ -185,7 +198,7 @@ def select_child(tree: Tree, node: Node, cfg: SearchConfig) -> Node:
     scored = sum(c.critic_score or 0.0 for c in children)
 
     def score(child: Node) -> float:
-        value = child_value(child, cfg.alpha, uniform, cfg.verifier)
+        value = child_value(child, cfg.alpha, uniform, cfg.verifier, cfg.step_cost)
         if cfg.selection == "puct":
             prior = (uniform if child.critic_score is None or scored <= 0
                      else child.critic_score / scored)
@@ -301,10 +314,16 @@ def expand(
                              env.call_tools())
     last = node.depth + 1 >= cfg.max_depth  # children at max depth end there
     seen: set[str] = set()
+    # verifier-free with finish, the listed endings are tried first: a proposal that writes
+    # one its own way ("buy[navy]") is the same call, and the env's words stand for it
+    first = [a for a in available if env.ending_call(a)] if cfg.finish and not cfg.verifier else []
+    ends = try_actions(env, node, [(a, None) for a in first], seen, last, cfg)
     sampled = try_actions(env, node, proposals, seen, last, cfg)
-    listed = try_actions(env, node, [(a, None) for a in available], seen, last, cfg)
+    listed = ends + try_actions(env, node, [(a, None) for a in available], seen, last, cfg)
     children = add_children(tree, node, choose_children(sampled, listed, cfg), sim, last)
     yield from critique(tree, children, history, use_critic, cfg.leaf_value != "rollout")
+    if cfg.finish and not cfg.verifier:
+        yield from critic_endings(tree, children, env)
     return [child.id for child in children]
 
 
@@ -336,7 +355,8 @@ def try_actions(env: Env, node: Node, texts: list[tuple[str, list[int] | None]],
         if key in seen:
             continue
         seen.add(key)
-        ending = None if result.done or last or not cfg.finish else best_ending(env)
+        tries = cfg.finish and cfg.verifier and not (result.done or last)
+        ending = best_ending(env) if tries else None
         out.append(Candidate(text, call, result, snapshot, ending, ids))
     return out
 
@@ -362,14 +382,18 @@ def choose_children(sampled: list[Candidate], listed: list[Candidate],
                     cfg: SearchConfig) -> list[Candidate]:
     """The first k of: valid proposals and min(cfg.listed, available) listed actions in the
     first k slots, then the other valid and listed ones, then one invalid proposal. With
-    cfg.finish, listed actions that end well (or lead to a good ending) come first, and so do
-    the proposals after the first (the greedy one) that the env already scored above 0: every
-    proposal was stepped, and a `submit` that passed should not be dropped for being drawn
-    fifth."""
+    cfg.finish (reading the verifier), listed actions that end well (or lead to a good ending)
+    come first, and so do the proposals after the first (the greedy one) that the env already
+    scored above 0: every proposal was stepped, and a `submit` that passed should not be
+    dropped for being drawn fifth. Verifier-free with cfg.finish, the listed actions that end
+    the episode come first among the listed (never run; the critic values them): ending here is
+    always a choice, so a child that goes on is weighed against it (`critic_value`)."""
     valid = [c for c in sampled if not c.result.invalid]
-    if cfg.finish:
+    if cfg.finish and cfg.verifier:
         listed = sorted(listed, key=lambda c: -c.end_value)
         valid = valid[:1] + sorted(valid[1:], key=lambda c: -max(c.end_value, 0.0))
+    elif cfg.finish:
+        listed = sorted(listed, key=lambda c: not c.result.done)
     invalid = [c for c in sampled if c.result.invalid][:1]
     m = min(cfg.listed, len(listed))
     return (valid[:cfg.k - m] + listed[:m] + valid[cfg.k - m:] + listed[m:] + invalid)[:cfg.k]
@@ -399,6 +423,20 @@ def critique(tree: Tree, children: list[Node], history: list[Step], use_critic: 
         scores = [1.0 / len(children)] * len(children)
     for child, score, rank in zip(children, scores, rank_scores(scores)):
         child.critic_score, child.critic_rank = float(score), rank
+
+
+def critic_endings(tree: Tree, children: list[Node], env: Env) -> Generator[Critique, list, None]:
+    """`finish` without the verifier: each new non-terminal child whose state lists actions
+    that would end the episode (`Env.ending_call`; none are run) gets as `ending` the critic's
+    best value of them there, one Critique per such child."""
+    for child in children:
+        if child.terminal:
+            continue
+        env.restore(child.snapshot)
+        endings = [a for a in env.available_actions() if env.ending_call(a) is not None]
+        if endings:
+            values = yield Critique(tree.task, tree.root.observation, tree.steps(child), endings)
+            child.ending = float(max(values))
 
 
 def rollout(tree: Tree, node: Node, env: Env, cfg: SearchConfig,
@@ -439,11 +477,11 @@ def leaf_value(node: Node, ending: Ending, cfg: SearchConfig) -> float:
     """What a simulation backs up (cfg.leaf_value): the ending's reward less step costs
     (rollout), the critic's score of the leaf's action less the costs of the steps to it
     (critic), or their mean (mix). A terminal leaf is worth its reward where the verifier is
-    read (exact), and its critic score where it is not."""
+    read (exact), and its critic value (`critic_value`) where it is not."""
     ret = ending.reward - cfg.step_cost * len(ending.steps)
     if cfg.leaf_value == "rollout" or (node.terminal and cfg.verifier):
         return ret
-    critic = node.critic_score - cfg.step_cost * node.depth
+    critic = critic_value(node, 0.0, cfg.verifier, cfg.step_cost) - cfg.step_cost * node.depth
     return critic if cfg.leaf_value == "critic" else (ret + critic) / 2
 
 
