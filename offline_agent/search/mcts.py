@@ -20,8 +20,8 @@ Verifier-free search (`cfg.verifier` false, what inference runs: eval.mcts) neve
 env's reward: an action calling one of the env's `ending_tools` is not executed but becomes a
 terminal leaf, an ending step the env ran anyway has its reward dropped, and every leaf,
 terminal ones included, is worth the critic's score; with `cfg.finish` (a learned critic), the
-better of it and the critic's value of the endings the leaf's state lists, never run
-(docs/architecture.md).
+listed endings are always children, and a child that goes on is worth the critic's value of
+the endings its state lists, never run, less the step it costs (docs/architecture.md).
 
 Where the env lists its actions, search also spends env steps, which cost microseconds in a
 simulator with snapshots, to save model calls, which cost seconds on a CPU: the endings a
@@ -314,8 +314,9 @@ def expand(
                              env.call_tools())
     last = node.depth + 1 >= cfg.max_depth  # children at max depth end there
     seen: set[str] = set()
-    # verifier-free with finish, the listed endings are tried first: a proposal that writes
-    # one its own way ("buy[navy]") is the same call, and the env's words stand for it
+    # verifier-free with finish, the listed endings are tried first and lead the listed: a
+    # proposal that writes one its own way ("buy[navy]") is the same call, and the env's words
+    # stand for it; ending here is then among the children wherever cfg.listed allows one
     first = [a for a in available if env.ending_call(a)] if cfg.finish and not cfg.verifier else []
     ends = try_actions(env, node, [(a, None) for a in first], seen, last, cfg)
     sampled = try_actions(env, node, proposals, seen, last, cfg)
@@ -385,15 +386,13 @@ def choose_children(sampled: list[Candidate], listed: list[Candidate],
     cfg.finish (reading the verifier), listed actions that end well (or lead to a good ending)
     come first, and so do the proposals after the first (the greedy one) that the env already
     scored above 0: every proposal was stepped, and a `submit` that passed should not be
-    dropped for being drawn fifth. Verifier-free with cfg.finish, the listed actions that end
-    the episode come first among the listed (never run; the critic values them): ending here is
-    always a choice, so a child that goes on is weighed against it (`critic_value`)."""
+    dropped for being drawn fifth. Verifier-free with cfg.finish, `expand` puts the listed
+    endings first among the listed (never run; the critic values them): ending here is always a
+    choice, so a child that goes on is weighed against it (`critic_value`)."""
     valid = [c for c in sampled if not c.result.invalid]
     if cfg.finish and cfg.verifier:
         listed = sorted(listed, key=lambda c: -c.end_value)
         valid = valid[:1] + sorted(valid[1:], key=lambda c: -max(c.end_value, 0.0))
-    elif cfg.finish:
-        listed = sorted(listed, key=lambda c: not c.result.done)
     invalid = [c for c in sampled if c.result.invalid][:1]
     m = min(cfg.listed, len(listed))
     return (valid[:cfg.k - m] + listed[:m] + valid[cfg.k - m:] + listed[m:] + invalid)[:cfg.k]
