@@ -377,6 +377,16 @@ def test_verifier_free_finish_always_offers_the_listed_ending_as_a_child():
     drive(simulate(tree, env, off), serve)
     assert "submit" not in [tree.nodes[i].action for i in tree.root.children]  # ranked last
 
+    def own_words(request):  # the greedy proposal writes the ending its own way
+        if isinstance(request, Sample):
+            return [("submit()", None)] + [("go[left]", None)] * (request.n - 1)
+        return serve(request)
+
+    tree = Tree.new(env.tasks("test", 1)[0], env)
+    drive(simulate(tree, env, cfg), own_words)
+    ended = [tree.nodes[i].action for i in tree.root.children if tree.nodes[i].terminal]
+    assert ended == ["submit"]  # the same call, in the env's words
+
 
 def test_going_on_must_beat_ending_now_by_the_step_cost():
     """Verifier-free finish: a child that goes on is worth the critic's value of ending one

@@ -317,7 +317,7 @@ def expand(
     # verifier-free with finish, the listed endings are tried first and lead the listed: a
     # proposal that writes one its own way ("buy[navy]") is the same call, and the env's words
     # stand for it; ending here is then among the children wherever cfg.listed allows one
-    first = [a for a in available if env.ending_call(a)] if cfg.finish and not cfg.verifier else []
+    first = ending_actions(env, available) if cfg.finish and not cfg.verifier else []
     ends = try_actions(env, node, [(a, None) for a in first], seen, last, cfg)
     sampled = try_actions(env, node, proposals, seen, last, cfg)
     listed = ends + try_actions(env, node, [(a, None) for a in available], seen, last, cfg)
@@ -424,6 +424,12 @@ def critique(tree: Tree, children: list[Node], history: list[Step], use_critic: 
         child.critic_score, child.critic_rank = float(score), rank
 
 
+def ending_actions(env: Env, actions: list[str]) -> list[str]:
+    """Those of `actions` that would end the episode in the env's state (`Env.ending_call`;
+    none is run)."""
+    return [a for a in actions if env.ending_call(a) is not None]
+
+
 def critic_endings(tree: Tree, children: list[Node], env: Env) -> Generator[Critique, list, None]:
     """`finish` without the verifier: each new non-terminal child whose state lists actions
     that would end the episode (`Env.ending_call`; none are run) gets as `ending` the critic's
@@ -432,8 +438,7 @@ def critic_endings(tree: Tree, children: list[Node], env: Env) -> Generator[Crit
         if child.terminal:
             continue
         env.restore(child.snapshot)
-        endings = [a for a in env.available_actions() if env.ending_call(a) is not None]
-        if endings:
+        if endings := ending_actions(env, env.available_actions()):
             values = yield Critique(tree.task, tree.root.observation, tree.steps(child), endings)
             child.ending = float(max(values))
 
