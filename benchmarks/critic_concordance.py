@@ -5,14 +5,18 @@ fold fits the value model (offline_agent/critic/fit.py, its own early-stopping s
 the other folds) and predicts the fold's children. Every tree is thus scored by a critic fitted
 without it; the learned critic's concordance (offline_agent/search/concordance.py) is counted
 over all of them and printed beside the frozen critic's stored scores on the same trees, with
-n, per architecture (`--lora-r`, 0: the head on the frozen base) and per target set
+n, per architecture (`--lora-r`, 0: the head on the frozen base; `--layer-share`, the decoder
+layers the head reads through) and per target set
 (`--targets`: `children`, the tree's children alone, the critic stage's targets before
 ending targets; `endings`, with the listed endings at every stored state, the stage's now;
-critic/targets.py). The same folds and the same pairs for all. The store is opened
-read-only; nothing is written.
+critic/targets.py). With ending targets it also counts, for each task, the pairs of its
+endings at different states (V against the reward of ending there): on MiniShop `buy` on one
+item page against another, the product choice search at inference leans on. The same folds
+and the same pairs for all. The store is opened read-only; nothing is written.
 
     PYTHONPATH=. .venv/bin/python benchmarks/critic_concordance.py RUN_DIR [--folds 4]
-        [--lora-r 0 8] [--epochs 200] [--lora-epochs 4] [--targets children endings]
+        [--lora-r 0 8] [--layer-share 0.6 1] [--epochs 200] [--lora-epochs 4]
+        [--targets children endings]
 """
 
 from __future__ import annotations
@@ -20,14 +24,15 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import replace
+from itertools import combinations, product
 from pathlib import Path
 
 from offline_agent.critic import value_model
 from offline_agent.critic.config import CriticConfig
 from offline_agent.critic.endings import stored_endings
-from offline_agent.critic.fit import encode_tree, fit, predict
+from offline_agent.critic.fit import encode_tree, fit
 from offline_agent.critic.targets import seeded_order
-from offline_agent.search.concordance import concordance
+from offline_agent.search.concordance import Counts, concordance
 from pipelines.config import RunConfig, make_env
 from pipelines.stages.critic import stored_trees
 from storage import Store
@@ -40,19 +45,37 @@ def folds_of(task_ids: list[str], folds: int, seed: int) -> list[list[str]]:
 
 
 def cross_fitted(items, tokenizer_model: str, device: str, cfg: CriticConfig,
-                 folds: list[list[str]]) -> tuple[dict[int, float], list[dict]]:
-    """node id -> V from the fold's critic; and each fold's fit metrics and seconds."""
-    values, metrics = {}, []
+                 folds: list[list[str]]) -> tuple[dict[int, float], Counts, list[dict]]:
+    """node id -> V from the fold's critic; the ending pairs across a task's states; and each
+    fold's fit metrics and seconds."""
+    values, endings, metrics = {}, {}, []
+    for item in items:
+        item.base_features = None  # another layer_share reads other features
     for fold in folds:
-        held = set(fold)
+        held = [i for i in items if i.task_id in set(fold)]
         start = time.perf_counter()
-        model = value_model.build(value_model.load_lm(tokenizer_model, device), cfg.lora_r,
-                                  cfg.seed, cfg.target_modules)
-        fitted = fit(model, [i for i in items if i.task_id not in held], cfg)
-        values.update(predict(fitted.model, [i for i in items if i.task_id in held],
-                              cfg.pack_tokens))
+        model = value_model.build(value_model.load_lm(tokenizer_model, device), cfg)
+        fitted = fit(model, [i for i in items if i.task_id not in set(fold)], cfg)
+        predicted = value_model.values_of(fitted.model, [i.seqs for i in held], cfg.pack_tokens)
+        for item, vs in zip(held, predicted):
+            for t, v in zip(item.targets, vs):
+                if t.node_id is None:
+                    endings.setdefault(item.task_id, []).append((t.value, v))
+                else:
+                    values[t.node_id] = v
         metrics.append({**fitted.metrics, "seconds": round(time.perf_counter() - start, 1)})
-    return values, metrics
+    return values, across_states(endings), metrics
+
+
+def across_states(endings: dict[str, list[tuple[float, float]]]) -> Counts:
+    """Pairs of ending targets of one task at different states ((return, V) each), counted as
+    concordance.py counts siblings: does V rank a task's pages by what ending there earns
+    (on MiniShop, `buy` on one item page against another: the product choice)?"""
+    counts = Counts()
+    for pairs in endings.values():
+        for (ra, va), (rb, vb) in combinations(pairs, 2):
+            counts.add((ra, rb), (va, vb))
+    return counts
 
 
 def main() -> None:
@@ -61,6 +84,8 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=4)
     ap.add_argument("--lora-r", type=int, nargs="+", default=[0])
     ap.add_argument("--epochs", type=int, default=None, help="head alone; default critic.epochs")
+    ap.add_argument("--layer-share", type=float, nargs="+", default=None,
+                    help="critic.layer_share values to compare; default the run's")
     ap.add_argument("--targets", nargs="+", choices=("children", "endings"),
                     default=["children", "endings"])
     ap.add_argument("--lora-epochs", type=int, default=4,
@@ -85,14 +110,17 @@ def main() -> None:
             stored_endings(env, nodes) if kind == "endings" else None, cfg.critic.state)]
         print(f"targets {kind}: {len(items)} states, {sum(len(i.targets) for i in items)} "
               "targets", flush=True)
-        for r in args.lora_r:
+        for r, share in product(args.lora_r, args.layer_share or [cfg.critic.layer_share]):
             epochs = args.lora_epochs if r else args.epochs or cfg.critic.epochs
-            ccfg = replace(cfg.critic, lora_r=r, epochs=epochs,
+            ccfg = replace(cfg.critic, lora_r=r, epochs=epochs, layer_share=share,
                            patience=min(epochs, cfg.critic.patience))
-            values, metrics = cross_fitted(items, cfg.model.id, device, ccfg, folds)
+            values, across, metrics = cross_fitted(items, cfg.model.id, device, ccfg, folds)
             learned = concordance(scored, lambda c, v=values: v.get(c.node_id))
             seconds = sum(m["seconds"] for m in metrics)
-            print(f"learned critic, targets {kind}, lora_r={r}: concordance "
+            pages = across.to_dict()
+            print(f"learned critic, targets {kind}, lora_r={r}, layer_share={share}: ending "
+                  f"pairs across a task's states {pages['concordance']} (n {pages['n']}); "
+                  f"concordance "
                   f"{learned['overall']['concordance']} (n {learned['overall']['n']}), by depth "
                   f"{ {d: (x['concordance'], x['n']) for d, x in learned['by_depth'].items()} }, "
                   f"fit {seconds:.0f} s over {args.folds} folds; best epochs "

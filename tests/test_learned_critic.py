@@ -134,8 +134,7 @@ def test_the_value_loss_falls_on_a_tiny_model(tiny_model_dir, tokenizer, lora_r,
 
     items = tiny_trees(tokenizer)
     cfg = CriticConfig(lora_r=lora_r, lr=1e-2, epochs=30, patience=30, holdout=0.0, seed=0)
-    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), lora_r, 0,
-                              cfg.target_modules)
+    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), cfg)
     targets = [t for i in items for t in i.targets]
     before = weighted_mse([weighted_mean(items)] * len(targets), targets)  # where it starts
     fitted = fit(model, items, cfg)
@@ -155,8 +154,8 @@ def test_the_value_loss_falls_on_a_tiny_model(tiny_model_dir, tokenizer, lora_r,
     assert run == [[i.seqs for i in items]]  # one forward, the ending-only state left out
     assert fresh.keys() == values.keys()
     assert [fresh[k] for k in values] == pytest.approx([values[k] for k in values], abs=1e-5)
-    again = fit(value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), lora_r, 0,
-                                  cfg.target_modules), tiny_trees(tokenizer), cfg)
+    again = fit(value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), cfg),
+                tiny_trees(tokenizer), cfg)
     assert again.metrics == fitted.metrics  # seeded
 
 
@@ -170,10 +169,11 @@ def test_learned_critic_scores_in_request_order_as_one_forward_each(tiny_model_d
     from offline_agent.critic.learned import LearnedCritic
     from tests.fakes import FakeEnv
 
-    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), 2, 0, ["q_proj"])
+    cfg = CriticConfig(lora_r=2, target_modules=["q_proj"])
+    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), cfg)
     torch.manual_seed(1)  # a head that reads something: its zero init values all alike
     torch.nn.init.normal_(model.head.weight, std=1.0)
-    value_model.save(model, tmp_path / "v", tiny_model_dir, 2, "conversation")
+    value_model.save(model, tmp_path / "v", tiny_model_dir, cfg)
     critic = LearnedCritic.load(tmp_path / "v", FakeEnv(), budget=4096)
     task = Task("t", "fake", "do it")
     step = Step(action="look", observation="a page")
@@ -216,12 +216,12 @@ def test_page_state_values_the_goal_and_latest_page_whatever_the_steps_before(
     with pytest.raises(ValueError, match="critic state"):
         state_prompt("screen", "sys", [], task.instruction, "start", [])
 
-    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), 0, 0, [])
+    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), CriticConfig())
     torch.manual_seed(1)
     torch.nn.init.normal_(model.head.weight, std=1.0)
     scores = {}
     for state in ("page", "conversation"):
-        value_model.save(model, tmp_path / state, tiny_model_dir, 0, state)
+        value_model.save(model, tmp_path / state, tiny_model_dir, CriticConfig(state=state))
         critic = LearnedCritic.load(tmp_path / state, FakeEnv())
         assert critic.state == state
         scores[state] = critic.score([Critique(task, "start", short, ["buy"]),
@@ -232,6 +232,45 @@ def test_page_state_values_the_goal_and_latest_page_whatever_the_steps_before(
     meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items()
                                 if k != "state"}))
     assert value_model.state_of(tmp_path / "page") == "conversation"
+
+
+def test_the_value_model_reads_the_layer_its_share_names_and_loads_as_it_was_fitted(
+        tiny_model_dir, tokenizer, tmp_path):
+    """critic.layer_share 0.5 of the tiny Llama's 2 layers: V reads the first layer's output
+    through the final norm (what the full model computes there), the layer above is gone,
+    and a saved folder loads cut the same way; a folder saved before the field keeps all."""
+    import json
+
+    import torch
+
+    from offline_agent.critic import value_model
+    from offline_agent.critic.value_model import pack_values
+
+    full = value_model.load_lm(tiny_model_dir, "cpu")
+    assert len(full.get_decoder().layers) == 2
+    cfg = CriticConfig(layer_share=0.5)
+    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), cfg)
+    assert len(model.decoder().layers) == 1
+    ids = tokenizer("a page and an action").input_ids
+    with torch.no_grad():
+        hidden = full.get_decoder()(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        want = full.get_decoder().norm(hidden.hidden_states[1][0, -1])
+        last = hidden.last_hidden_state[0, -1]
+        got = model.features(pack_values([ids]))[0]
+    assert got == pytest.approx(want.tolist(), abs=1e-4)
+    assert got != pytest.approx(last.tolist(), abs=1e-2)  # not the last layer's
+    torch.manual_seed(1)
+    torch.nn.init.normal_(model.head.weight, std=1.0)
+    value_model.save(model, tmp_path / "v", tiny_model_dir, cfg)
+    loaded = value_model.load(tmp_path / "v")
+    assert len(loaded.decoder().layers) == 1
+    packed = pack_values([ids, ids[:-2]])
+    with torch.no_grad():
+        assert loaded(packed).tolist() == pytest.approx(model(packed).tolist(), abs=1e-5)
+    meta = tmp_path / "v" / value_model.META
+    meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items()
+                                if k != "layers"}))
+    assert len(value_model.load(tmp_path / "v").decoder().layers) == 2
 
 
 # ---- mining with learned values ------------------------------------------------------------
@@ -340,8 +379,8 @@ def test_search_takes_the_critic_search_critic_names(tmp_path, tiny_model_dir):
     from pipelines.stages.critic import FINAL
     from pipelines.stages.search import make_critic
 
-    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), 0, 0, [])
-    value_model.save(model, tmp_path / "v", tiny_model_dir, 0, "conversation")
+    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), CriticConfig())
+    value_model.save(model, tmp_path / "v", tiny_model_dir, CriticConfig())
     with Store(tmp_path / "s.duckdb") as store:
         store.set_checkpoint("critic", "", FINAL, {"folder": "v"})
 
@@ -360,7 +399,8 @@ def test_search_takes_the_critic_search_critic_names(tmp_path, tiny_model_dir):
 # ---- config --------------------------------------------------------------------------------
 @pytest.mark.parametrize("override", ["critic.lora_r=-1", "critic.holdout=1.0",
                                       "critic.epochs=0", "critic.lr=0", "search.critic=value",
-                                      "critic.state=screen"])
+                                      "critic.state=screen", "critic.layer_share=0",
+                                      "critic.layer_share=1.5"])
 def test_config_rejects_bad_critic_values(override):
     with pytest.raises(ConfigError):
         RunConfig.load(None, [override])

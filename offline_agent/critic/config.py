@@ -27,6 +27,8 @@ class CriticConfig:
     state: str = _f("conversation", "a state to the critic: conversation (every step so far) or "
                                     "page (goal + latest observation, for envs whose pages "
                                     "show the whole state)")
+    layer_share: float = _f(0.6, "share of the base's decoder layers V runs before its head "
+                                 "(1: all); 0.6 ranked MiniShop's pages best (docs/results.md)")
     pack_tokens: int = _f(8192, "most tokens in one forward: states and their actions are "
                                 "packed into prefix tries of at most this size")
     seed: int = _f(0, "seed of the task split, data order and initialisation")
@@ -41,5 +43,7 @@ class CriticConfig:
         for name in ("epochs", "patience", "pack_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"critic.{name} must be >= 1")
+        if not 0 < self.layer_share <= 1:
+            raise ValueError(f"critic.layer_share must be in (0, 1], got {self.layer_share}")
         if self.lr <= 0 or self.weight_decay < 0:
             raise ValueError("critic.lr must be > 0 and critic.weight_decay >= 0")

@@ -1,6 +1,10 @@
-"""The value model V(state, action): a linear head on the base model's last hidden state at
-the last token of the action (the end-of-turn token the policy emits to stop), optionally
-with LoRA on the base (critic.lora_r; 0: the base stays frozen, only the head learns).
+"""The value model V(state, action): a linear head on the base model's hidden state at the
+last token of the action (the end-of-turn token the policy emits to stop), read after the
+first critic.layer_share of its decoder layers with the final norm applied, optionally with
+LoRA on the base (critic.lora_r; 0: the base stays frozen, only the head learns). The layers
+above are cut off: never run, never kept. On MiniShop a middle layer ranked item pages of a
+task by their buy reward better than the last (docs/results.md, "Which layer the critic
+reads").
 
 A state is read one of two ways (critic.state, `state_prompt`): as the policy saw it (the
 node's conversation: system prompt, demonstration, goal, every step so far), or as the goal and
@@ -13,8 +17,8 @@ gives every action's value: no forward per action, and no second forward for the
 which reads the hidden states that forward computes. Several states go in one trie; the
 system prompt and demonstration they share are computed once too.
 
-Saved as a folder: value_head.safetensors, critic.json (the base, lora_r and state), and with
-LoRA the PEFT adapter files.
+Saved as a folder: value_head.safetensors, critic.json (the base, lora_r, state and the
+decoder layers kept) and with LoRA the PEFT adapter files.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from offline_agent.chat import encode_prompt_completion, history_messages
-from offline_agent.critic.config import STATES
+from offline_agent.critic.config import STATES, CriticConfig
 from offline_agent.policy.adapters import import_peft, quiet_peft
 from offline_agent.training import trie_attention
 from offline_agent.training.logprobs import Encoded, Trie, ancestors, groups
@@ -101,7 +105,7 @@ class ValueModel(torch.nn.Module):
         return base.get_decoder()
 
     def features(self, packed: ValuePacked) -> torch.Tensor:
-        """Last hidden state (final norm applied) at each sequence's last token, float32."""
+        """The kept decoder's output (final norm applied) at each sequence's last token, float32."""
         device = self.head.weight.device
         dtype = next(p for p in self.lm.parameters() if p.is_floating_point()).dtype
         hidden = self.decoder()(
@@ -126,31 +130,41 @@ def values_of(model: ValueModel, states: list[list[list[int]]], budget: int) -> 
     return out
 
 
-def build(lm, lora_r: int, seed: int, target_modules: list[str]) -> ValueModel:
-    """A fresh value model on `lm`: the base frozen, LoRA of rank `lora_r` (0: none) and the
-    head seeded."""
+def keep_layers(lm, layers: int | None) -> None:
+    """Cut `lm`'s decoder to its first `layers` layers (None: all kept), in place."""
+    if layers is not None:
+        decoder = lm.get_decoder()
+        decoder.layers = decoder.layers[:layers]
+
+
+def build(lm, cfg: CriticConfig) -> ValueModel:
+    """A fresh value model on `lm`: its decoder cut to round(cfg.layer_share * depth) layers
+    (at least one), the base frozen, LoRA of rank cfg.lora_r (0: none) and the head seeded."""
+    keep_layers(lm, max(1, round(cfg.layer_share * len(lm.get_decoder().layers))))
     for p in lm.parameters():
         p.requires_grad_(False)
-    if lora_r:
+    if cfg.lora_r:
         peft = import_peft()
-        torch.manual_seed(seed)
-        lora = peft.LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0,
-                               target_modules=list(target_modules))
+        torch.manual_seed(cfg.seed)
+        lora = peft.LoraConfig(r=cfg.lora_r, lora_alpha=2 * cfg.lora_r, lora_dropout=0.0,
+                               target_modules=list(cfg.target_modules))
         with quiet_peft():
             lm = peft.get_peft_model(lm, lora)
-    torch.manual_seed(seed)
+    torch.manual_seed(cfg.seed)
     head = torch.nn.Linear(lm.config.hidden_size, 1)
     torch.nn.init.zeros_(head.weight)
     return ValueModel(lm, head.to(next(lm.parameters()).device))
 
 
-def save(model: ValueModel, folder: Path, base: str, lora_r: int, state: str) -> None:
+def save(model: ValueModel, folder: Path, base: str, cfg: CriticConfig) -> None:
     """Write the head, the metadata and (with LoRA) the adapter into `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()},
               folder / HEAD)
-    (folder / META).write_text(json.dumps({"base": base, "lora_r": lora_r, "state": state}))
-    if lora_r:
+    meta = {"base": base, "lora_r": cfg.lora_r, "state": cfg.state,
+            "layers": len(model.decoder().layers)}
+    (folder / META).write_text(json.dumps(meta))
+    if cfg.lora_r:
         model.lm.save_pretrained(folder)
 
 
@@ -191,10 +205,12 @@ def state_of(folder: str | Path) -> str:
 
 
 def load(folder: str | Path, device: str = "cpu") -> ValueModel:
-    """A saved value model, on its base (loaded in float32), for scoring (eval mode, no grad)."""
+    """A saved value model, on its base (loaded in float32, cut to the layers it was fitted
+    with; all for folders saved before critic.layer_share), for scoring (eval mode, no grad)."""
     folder = Path(folder)
     meta = json.loads((folder / META).read_text())
     lm = load_lm(meta["base"], device)
+    keep_layers(lm, meta.get("layers"))
     if meta["lora_r"]:
         with quiet_peft():
             lm = import_peft().PeftModel.from_pretrained(lm, str(folder)).merge_and_unload()

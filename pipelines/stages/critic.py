@@ -101,13 +101,12 @@ def _fit(ctx: StageContext) -> dict:
     if not items:
         raise RunError(f"stage {ctx.stage}: the stored trees hold no visited child to learn from")
     ctx.progress.update(families=len(items))
-    model = value_model.build(value_model.load_lm(cfg.model.id, device), cfg.critic.lora_r,
-                              cfg.critic.seed, cfg.critic.target_modules)
+    model = value_model.build(value_model.load_lm(cfg.model.id, device), cfg.critic)
     fitted = fit(model, items, cfg.critic)
     values = predict(fitted.model, items, cfg.critic.pack_tokens)
 
     def fill(tmp: Path) -> None:
-        value_model.save(fitted.model, tmp, cfg.model.id, cfg.critic.lora_r, cfg.critic.state)
+        value_model.save(fitted.model, tmp, cfg.model.id, cfg.critic)
         (tmp / VALUES).write_text(json.dumps({str(k): v for k, v in values.items()}))
 
     folder = write_atomic(ctx.checkpoint_dir / "final", fill)
