@@ -182,12 +182,48 @@ def test_learned_critic_scores_in_request_order_as_one_forward_each(tiny_model_d
                 Critique(task, "start", [], ["look"])]
     scores = critic.score(requests)
     assert [len(s) for s in scores] == [3, 2, 1]
-    alone = [[critic.score([Critique(r.task, r.first_observation, r.steps, [a])])[0][0]
+    def cold():  # a critic that has valued nothing yet (score keeps what it valued)
+        return LearnedCritic(critic.model, critic.tokenizer, FakeEnv(), 4096, critic.state)
+    alone = [[cold().score([Critique(r.task, r.first_observation, r.steps, [a])])[0][0]
               for a in r.actions] for r in requests]
     for got, want in zip(scores, alone):
         assert got == pytest.approx(want, abs=1e-4)
     assert len({round(v, 4) for s in scores for v in s}) > 2  # the actions are told apart
     assert scores[0][1] == pytest.approx(scores[2][0], abs=1e-4)  # same state, same action
+
+
+def test_learned_critic_values_a_state_and_action_once(tiny_model_dir, tokenizer, tmp_path,
+                                                       monkeypatch):
+    """A (state, action) asked again, alone or packed with others, is answered from what the
+    critic valued before, bit for bit, and only pairs it never valued are forwarded: search
+    asks V(page, buy) twice, and a second forward in another trie differed by float noise."""
+    import torch
+
+    from offline_agent.critic import learned, value_model
+    from offline_agent.critic.learned import LearnedCritic
+    from tests.fakes import FakeEnv
+
+    model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), CriticConfig())
+    torch.manual_seed(1)
+    torch.nn.init.normal_(model.head.weight, std=1.0)
+    critic = LearnedCritic(model, tokenizer, FakeEnv(), 4096, "conversation")
+    forwarded = []
+    real = value_model.values_of
+    monkeypatch.setattr(learned.value_model, "values_of", lambda m, states, budget: (
+        states and forwarded.append([len(s) for s in states]) or real(m, states, budget)))
+    task = Task("t", "fake", "do it")
+    step = Step(action="look", observation="a page")
+    first = critic.score([Critique(task, "start", [step], ["buy", "look"]),
+                          Critique(task, "start", [], ["look", "look"])])
+    assert forwarded == [[2, 1]]  # the repeated action of the second state went once
+    assert first[1][0] == first[1][1]
+    again = critic.score([Critique(task, "start", [], ["wait", "look"]),
+                          Critique(task, "start", [step], ["buy"])])
+    assert forwarded == [[2, 1], [1]]  # only `wait` is new
+    assert again[0][1] == first[1][0] and again[1][0] == first[0][0]  # the same floats
+    assert critic.score([Critique(task, "start", [step], ["look", "buy"])]) == \
+        [[first[0][1], first[0][0]]]
+    assert forwarded == [[2, 1], [1]]
 
 
 def test_page_state_values_the_goal_and_latest_page_whatever_the_steps_before(

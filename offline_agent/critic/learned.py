@@ -5,10 +5,19 @@ value model.
 actions' order, higher is better; here the numbers are predicted returns V(state, action),
 not shares that sum to 1. All requests of a tick go in tries of at most `budget` tokens: one
 forward per trie, each state's prompt computed once for all its actions.
+
+Each value is kept, by the ids of its state and action: a pair asked again is answered from
+memory, not forwarded. Search asks the same pair twice by design (V(page, buy) as a child's
+`ending` value, then as the value of that page's own `buy` child), and a second forward, in
+another trie, differed by float noise: enough to break the tie between `buy` and an action
+that leaves the page as it was (re-clicking a chosen option) the wrong way, one step more
+each time (docs/results.md, "Which layer the critic reads").
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from pathlib import Path
 
 from offline_agent.critic import value_model
@@ -21,6 +30,7 @@ class LearnedCritic:
     def __init__(self, model: ValueModel, tokenizer, env: Env, budget: int, state: str):
         self.model, self.tokenizer, self.budget, self.state = model, tokenizer, budget, state
         self.system, self.demo = env.system_prompt(), env.demonstration()
+        self.known: dict[bytes, float] = {}  # digest of (state + action) ids -> V
 
     @classmethod
     def load(cls, folder: str | Path, env: Env, device: str = "cpu",
@@ -32,6 +42,22 @@ class LearnedCritic:
                    value_model.state_of(folder))
 
     def score(self, requests: list[Critique]) -> list[list[float]]:
-        return value_model.values_of(self.model, [encode_actions(self.tokenizer, state_prompt(
+        seqs = [encode_actions(self.tokenizer, state_prompt(
             self.state, self.system, self.demo, r.task.instruction, r.first_observation, r.steps),
-            r.actions) for r in requests], self.budget)
+            r.actions) for r in requests]
+        keys = [[digest(ids) for ids in s] for s in seqs]
+        todo: dict[bytes, list[int]] = {}
+        states = []  # per request, the sequences not yet valued: one trie branch each
+        for s, ks in zip(seqs, keys):
+            new = [todo.setdefault(k, ids) for ids, k in zip(s, ks)
+                   if k not in self.known and k not in todo]
+            if new:
+                states.append(new)
+        for state, values in zip(states, value_model.values_of(self.model, states, self.budget)):
+            self.known.update((digest(ids), v) for ids, v in zip(state, values))
+        return [[self.known[k] for k in ks] for ks in keys]
+
+
+def digest(ids: list[int]) -> bytes:
+    """16 bytes that stand for a token sequence (a value's key in LearnedCritic.known)."""
+    return hashlib.blake2b(array("q", ids).tobytes(), digest_size=16).digest()
