@@ -33,6 +33,7 @@ from offline_agent.search.mcts import (
     drive,
     leaf_value,
     search_step,
+    select_child,
     simulate,
 )
 from offline_agent.search.requests import Rank, Sample
@@ -372,6 +373,13 @@ def test_verifier_free_finish_always_offers_the_listed_ending_as_a_child():
     for node in expanded:
         kids = [tree.nodes[i] for i in node.children]
         assert [k.action for k in kids if k.terminal] == ["submit"]
+        assert kids[0].action == "submit"  # the ending leads: a tie goes to ending now
+    # at the root, going left is worth what ending there is worth (.1 both): ending now wins
+    tree = Tree.new(env.tasks("test", 1)[0], env)
+    drive(simulate(tree, env, cfg), serve)
+    kids = [tree.nodes[i] for i in tree.root.children]
+    assert [child_value(k, cfg.alpha, .5, False) for k in kids] == [.1, .1]
+    assert select_child(tree, tree.root, cfg).action == "submit"
     off = replace(cfg, finish=False)
     tree = Tree.new(env.tasks("test", 1)[0], env)
     drive(simulate(tree, env, off), serve)

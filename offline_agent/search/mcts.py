@@ -184,7 +184,8 @@ def critic_value(node: Node, uniform: float, verifier: bool, step_cost: float = 
     `finish`, a child whose state lists endings is worth ending there instead: `ending`, the
     critic's value of the best of them (`critic_endings`), less the step it costs. So going on
     must promise more than ending now by more than a step: an action that leaves the state as
-    it was (re-clicking a chosen option) ties with ending here and loses by the step."""
+    it was (re-clicking a chosen option) is worth what ending here is, less the step; at step
+    cost 0 the tie goes to ending, which leads the children (`expand`)."""
     critic = uniform if node.critic_score is None else node.critic_score
     return critic if verifier or node.ending is None else node.ending - step_cost
 
@@ -321,7 +322,11 @@ def expand(
     ends = try_actions(env, node, [(a, None) for a in first], seen, last, cfg)
     sampled = try_actions(env, node, proposals, seen, last, cfg)
     listed = ends + try_actions(env, node, [(a, None) for a in available], seen, last, cfg)
-    children = add_children(tree, node, choose_children(sampled, listed, cfg), sim, last)
+    chosen = choose_children(sampled, listed, cfg)
+    # and lead the children: select_child's ties go to the earlier child, and a no-op (a
+    # re-click) is worth exactly what ending here is (one state, one remembered value)
+    chosen = [c for c in chosen if c in ends] + [c for c in chosen if c not in ends]
+    children = add_children(tree, node, chosen, sim, last)
     yield from critique(tree, children, history, use_critic, cfg.leaf_value != "rollout")
     if cfg.finish and not cfg.verifier:
         yield from critic_endings(tree, children, env)
