@@ -1,8 +1,8 @@
 """Fit the value model on stored trees: encode every family (targets.py), hold out whole
 tasks, minimise the visit-weighted squared error, stop on the held-out loss, keep the best.
 
-With critic.lora_r = 0 the base is frozen, so each action's features (the base's last hidden
-state, value_model.py) are computed once, in packed no-grad forwards, and the head is fitted
+With critic.lora_r = 0 the base is frozen, so each action's features (the hidden state the
+head reads, value_model.py) are computed once, in packed no-grad forwards, and the head is fitted
 on them full-batch: the epochs cost microseconds. With LoRA every epoch runs packed forwards
 and backwards, one optimizer step per pack of critic.pack_tokens tokens, trees in a seeded
 order. Seeded throughout: the same trees and config give the same critic.
