@@ -51,11 +51,11 @@ def cross_fitted(items, tokenizer_model: str, device: str, cfg: CriticConfig,
     values, endings, metrics = {}, {}, []
     for item in items:
         item.base_features = None  # another layer_share reads other features
-    for fold in folds:
-        held = [i for i in items if i.task_id in set(fold)]
+    for fold in map(set, folds):
+        held = [i for i in items if i.task_id in fold]
         start = time.perf_counter()
         model = value_model.build(value_model.load_lm(tokenizer_model, device), cfg)
-        fitted = fit(model, [i for i in items if i.task_id not in set(fold)], cfg)
+        fitted = fit(model, [i for i in items if i.task_id not in fold], cfg)
         predicted = value_model.values_of(fitted.model, [i.seqs for i in held], cfg.pack_tokens)
         for item, vs in zip(held, predicted):
             for t, v in zip(item.targets, vs):

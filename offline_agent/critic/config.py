@@ -28,7 +28,8 @@ class CriticConfig:
                                     "page (goal + latest observation, for envs whose pages "
                                     "show the whole state)")
     layer_share: float = _f(0.6, "share of the base's decoder layers V runs before its head "
-                                 "(1: all); 0.6 ranked MiniShop's pages best (docs/results.md)")
+                                 "(1: all); 0.6 ranked MiniShop's item pages better than 1 "
+                                 "(docs/results.md)")
     pack_tokens: int = _f(8192, "most tokens in one forward: states and their actions are "
                                 "packed into prefix tries of at most this size")
     seed: int = _f(0, "seed of the task split, data order and initialisation")
