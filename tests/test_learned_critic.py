@@ -192,8 +192,7 @@ def test_learned_critic_scores_in_request_order_as_one_forward_each(tiny_model_d
     assert scores[0][1] == pytest.approx(scores[2][0], abs=1e-4)  # same state, same action
 
 
-def test_learned_critic_values_a_state_and_action_once(tiny_model_dir, tokenizer, tmp_path,
-                                                       monkeypatch):
+def test_learned_critic_values_a_state_and_action_once(tiny_model_dir, tokenizer, monkeypatch):
     """A (state, action) asked again, alone or packed with others, is answered from what the
     critic valued before, bit for bit, and only pairs it never valued are forwarded: search
     asks V(page, buy) twice, and a second forward in another trie differed by float noise."""

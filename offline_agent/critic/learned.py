@@ -46,15 +46,17 @@ class LearnedCritic:
             self.state, self.system, self.demo, r.task.instruction, r.first_observation, r.steps),
             r.actions) for r in requests]
         keys = [[digest(ids) for ids in s] for s in seqs]
-        todo: dict[bytes, list[int]] = {}
-        states = []  # per request, the sequences not yet valued: one trie branch each
+        states: list[dict[bytes, list[int]]] = []  # per request, the pairs not yet valued
+        pending: set[bytes] = set()
         for s, ks in zip(seqs, keys):
-            new = [todo.setdefault(k, ids) for ids, k in zip(s, ks)
-                   if k not in self.known and k not in todo]
+            new = {k: ids for ids, k in zip(s, ks) if k not in self.known and k not in pending}
+            pending.update(new)
             if new:
                 states.append(new)
-        for state, values in zip(states, value_model.values_of(self.model, states, self.budget)):
-            self.known.update((digest(ids), v) for ids, v in zip(state, values))
+        values = value_model.values_of(self.model, [list(st.values()) for st in states],
+                                       self.budget)
+        for state, vs in zip(states, values):
+            self.known.update(zip(state, vs))
         return [[self.known[k] for k in ks] for ks in keys]
 
 
