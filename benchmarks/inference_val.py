@@ -9,7 +9,7 @@ mean reward with 95% intervals, the paired difference against the same policy gr
 named baseline), wins:losses with McNemar's p, simulations and seconds.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/inference_val.py RUN_DIR \
-        --policy base --settings path:8 step:1 step:2 [--set search.step_cost=0.01]
+        --policy base --settings step:1 path:8 [--set search.step_cost=0.01]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path, help="a run with validation tasks (env.val_tasks)")
     ap.add_argument("--policy", default=BASE, help="base, or a policy the train stage finished")
-    ap.add_argument("--settings", nargs="+", default=["path:8", "step:2"],
+    ap.add_argument("--settings", nargs="+", default=["step:1", "path:8"],
                     help="COMMIT:SIMULATIONS, e.g. path:8 (per task) step:2 (per step)")
     ap.add_argument("--tasks", type=int, default=0, help="the first N validation tasks; 0: all")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -43,11 +43,11 @@ class EvalConfig:
                                "shown beside every p-value", hashed=False)
     mcts: bool = _f(False, "also play each policy with verifier-free search at inference, the "
                            "+MCTS rows (docs/evaluation.md)")
-    mcts_simulations: int = _f(8, "simulations of eval.mcts's search: per test task (commit "
-                                  "path), or per step (commit step)")
-    mcts_commit: str = _f("path", "how eval.mcts commits: path (search once, play the "
-                                  "most-visited path) or step (search again before every "
-                                  "action, commit the most-visited one)")
+    mcts_simulations: int = _f(1, "simulations of eval.mcts's search: per step (commit step), "
+                                  "or per test task (commit path)")
+    mcts_commit: str = _f("step", "how eval.mcts commits: step (search again before every "
+                                  "action, commit the most-visited one) or path (search once, "
+                                  "play the most-visited path)")
     mcts_tasks: int = _f(0, "eval.mcts searches only the first N test tasks (0: all); its rows "
                             "are paired with greedy on those tasks")
 

@@ -289,10 +289,11 @@ def test_search_at_inference_is_stored_per_task_and_resumes(trained_run, monkeyp
                                                          "mcts_tasks": 2, "mcts_commit": commit}})
     searched, real_search = [], inference.search_and_commit
 
-    def spy(policy, make_env, tasks, searcher, batch_size, on_done, commit):
+    def spy(policy, make_env, tasks, searcher, batch_size, on_done, *, commit):
         searched.append([t.id for t in tasks])
         assert not searcher.cfg.verifier and searcher.cfg.simulations == 2
-        return real_search(policy, make_env, tasks, searcher, batch_size, on_done, commit)
+        return real_search(policy, make_env, tasks, searcher, batch_size, on_done,
+                           commit=commit)
 
     inserted, real_insert = [], Store.insert_eval_episodes
 

@@ -184,7 +184,7 @@ def test_inference_search_runs_the_verifier_once_per_task(tokenizer, sims):
     assert any(n.info.get(UNSCORED) == "not run" for t in trees for n in t.nodes)
     episodes = []
     search_and_commit(policy, make_env, tasks, searcher, batch_size=3, on_done=episodes.append,
-                      progress=False)
+                      commit="path", progress=False)
     assert SubmitCorridor.verifier_calls == len(tasks)  # one committed episode each
     assert sorted(e.task_id for e in episodes) == [t.id for t in tasks]
     by_task, continued = {e.task_id: e for e in episodes}, 0
@@ -207,7 +207,7 @@ def test_an_env_without_ending_tools_is_searched_with_its_rewards_dropped(tokeni
     assert ended and all(n.reward == 0 and n.info == {UNSCORED: "reward dropped"} for n in ended)
     episodes = []
     search_and_commit(policy, make_env, tasks, searcher, batch_size=2, on_done=episodes.append,
-                      progress=False)
+                      commit="path", progress=False)
     assert len(episodes) == 2 and all(e.steps[-1].done for e in episodes)
 
 

@@ -97,7 +97,7 @@ def search_by_step(searcher: Searcher, trees: list[Tree], progress: bool) -> dic
 
 def search_and_commit(policy: Policy, make_env: Callable[[], Env], tasks: list[Task],
                       searcher: Searcher, batch_size: int,
-                      on_done: Callable[[Trajectory], None], commit: str = "path",
+                      on_done: Callable[[Trajectory], None], *, commit: str,
                       progress: bool = True) -> dict[str, float]:
     """Search each task (verifier-free: `searcher.cfg.verifier` must be false), committing by
     `commit` (MCTS_COMMITS), and play its committed episode; `on_done` gets each episode as it
