@@ -83,7 +83,8 @@ def _comparison(policies: list[dict]) -> str:
             "paired bootstrap 95% interval (it excludes 0 when the difference is clear); vs "
             "greedy: a <policy>+mcts row (search at inference) against the same policy's greedy "
             "episodes on the same tasks, paired the same way. "
-            "McNemar p (wins:losses, configurations tried): the paired tests below. "
+            "McNemar p vs base (wins:losses, configurations tried): the paired tests below, "
+            "which also test each trained policy's +mcts row against its greedy. "
             "changed vs base: the tasks where the policy's greedy actions differ from base's "
             "in any step (Wilson 95% interval), which moves before success does: on a handful "
             "of test tasks, success shows the pipeline working, not a result. "
@@ -209,7 +210,7 @@ def _success_chart(policies: list[dict]) -> str:
     for i, (rate, up, e) in enumerate(zip(rates, hi, policies)):
         ax.annotate(f"{rate:.1f}% (n={e['n_tasks']})", (i, rate + up), xytext=(0, 4),
                     textcoords="offset points", ha="center", fontsize=8)
-    ax.set_ylabel("greedy success (%)")
+    ax.set_ylabel("success (%)")
     ax.set_ylim(0, 100)
     ax.grid(axis="y", alpha=0.3)
     return _svg(fig) + "<p class='note'>error bars: Wilson 95% intervals</p>"

@@ -84,7 +84,7 @@ def _p(d: dict) -> str:
 
 HELD_OUT_COLUMN = "held-out pairs: acc [95% CI] (base); reward acc"
 COLUMNS = ["policy", "mode", "n", "success [95% CI]", "vs base (paired)", "vs greedy (paired)",
-           "McNemar p", "mean reward [95% CI]", "vs base (paired)", "changed vs base",
+           "McNemar p vs base", "mean reward [95% CI]", "vs base (paired)", "changed vs base",
            "invalid", "steps", HELD_OUT_COLUMN]
 
 
@@ -123,9 +123,15 @@ TEST_COLUMNS = ["policy", "against", "n", "success difference (paired) [95% CI]"
 
 
 def paired_test_rows(report: dict) -> list[list[str]]:
-    """One row per paired test: each policy against base, then the `comparisons`."""
-    tests = [(e["policy"] + ("" if e["mode"] == "greedy" else f" +{e['mode']}"), "base",
-              e["delta_vs_base"]) for e in report["policies"] if e["delta_vs_base"]]
+    """One row per paired test: each policy against base (a trained policy's +mcts row also
+    against the same policy greedy: what search at inference adds), then the `comparisons`."""
+    tests = []
+    for e in report["policies"]:
+        name = e["policy"] + ("" if e["mode"] == "greedy" else f" +{e['mode']}")
+        if e["delta_vs_base"]:
+            tests.append((name, "base", e["delta_vs_base"]))
+        if e["delta_vs_greedy"] and e["policy"] != "base":  # base's is the row above
+            tests.append((name, f"{e['policy']} greedy", e["delta_vs_greedy"]))
     tests += [(c["policy"], c["against"], c) for c in report.get("comparisons", [])]
     return [[a, b, str(d["n_tasks"]), _pct(d["success_rate"], d["ci95"], signed=True),
              str(d["wins"]), str(d["losses"]), f"{d['mcnemar_p']:.3g}",

@@ -16,7 +16,7 @@ from offline_agent.evaluation import EvalConfig
 from offline_agent.types import Task
 from pipelines.cli import main
 from pipelines.report import build_report, write_report
-from pipelines.report_table import comparison_table
+from pipelines.report_table import comparison_table, paired_test_rows
 from storage import (
     EvalEpisodeRow,
     ExampleRow,
@@ -216,6 +216,30 @@ def test_search_at_inference_rows_pair_with_the_same_policy_greedy(tmp_path):
     table = comparison_table(report).splitlines()
     assert "vs greedy (paired)" in table[0] and table[3].startswith("base+mcts")
     assert "+20.0% [" in table[3]
+
+
+def test_paired_tests_hold_a_trained_policy_s_search_against_its_greedy(tmp_path):
+    """dpo_step+mcts: tested against base and against dpo_step greedy (what search adds),
+    base+mcts only against base (the same test); the table's p-value is the one vs base."""
+    with Store(tmp_path / "store.duckdb") as store:
+        fill(store)
+        for policy in ("base", "dpo_step"):  # search solves every task of the first 10
+            store.insert_eval_episodes(
+                [replace(r, mode="mcts", reward=1.0, success=True)
+                 for r in episodes(policy, set())[:10]], "eval")
+        report = build_report(store, EvalConfig(bootstrap=500))
+    rows = {(r[0], r[1]): r for r in paired_test_rows(report)}
+    assert set(rows) == {("dpo_step", "base"), ("rft", "base"), ("base +mcts", "base"),
+                         ("dpo_step +mcts", "base"), ("dpo_step +mcts", "dpo_step greedy")}
+    # first 10 tasks: base greedy solves 0, 4, 8; dpo_step greedy 0, 2, 4, 6, 8
+    vs_base, vs_greedy = rows["dpo_step +mcts", "base"], rows["dpo_step +mcts", "dpo_step greedy"]
+    assert vs_base[2] == "10" and vs_base[3].startswith("+70.0% [") and vs_base[4:6] == ["7", "0"]
+    assert vs_greedy[3].startswith("+50.0% [") and vs_greedy[4:6] == ["5", "0"]
+    mcts_row = next(line for line in comparison_table(report).splitlines()
+                    if line.startswith("dpo_step+mcts"))
+    assert "(7:0, 1 tried)" in mcts_row and "+50.0% [" in mcts_row
+    html = write_report(tmp_path, report).read_text()
+    assert "<td>dpo_step +mcts</td><td>dpo_step greedy</td>" in html
 
 
 def test_report_of_partial_runs(tmp_path):
