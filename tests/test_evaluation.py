@@ -23,6 +23,7 @@ from offline_agent.evaluation import (
 )
 from offline_agent.types import Step, Trajectory
 from pipelines.config import ConfigError, RunConfig
+from pipelines.progress import Progress
 from storage import EvalEpisodeRow, Store
 
 pytestmark = pytest.mark.slow  # a long file: collected first (tests/conftest.py)
@@ -246,11 +247,21 @@ def test_eval_stage_plays_base_and_adapter_and_resumes(trained_run, monkeypatch,
     assert len(first) == 4
 
     monkeypatch.setattr(Store, "insert_eval_episodes", real_insert)
+    updates, real_update = [], Progress.update
+
+    def spy(self, **counters):
+        updates.append(counters)
+        real_update(self, **counters)
+
+    monkeypatch.setattr(Progress, "update", spy)
     results = run(cfg, run_dir, STAGES)
     with Store(run_dir / "store.duckdb") as store:
         rows = store.eval_episodes()
         of_eval = store.eval_episodes(stage="eval")
     assert len(rows) == 6 and rows[:4] == first  # resumed: nothing replayed or changed
+    # the resumed stage's first word to `offline-agent status`: where it stands, before playing
+    assert next(u for u in updates if "policy" in u) == {"policy": "dpo_step",
+                                                         "episodes_done": 4, "episodes": 6}
     assert {r.policy for r in rows} == {"base", "dpo_step"}
     assert rows == of_eval and all(r.mode == "greedy" and r.steps for r in rows)
     base_actions = [[s["action"] for s in r.steps] for r in rows if r.policy == "base"]

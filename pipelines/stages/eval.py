@@ -64,6 +64,8 @@ def run_eval(ctx: StageContext) -> dict:
             continue
         print(f"eval: {name}: " + ", ".join(f"{len(todo[m])} of {len(modes[m])} test tasks to "
                                            f"play {m}" for m in modes), flush=True)
+        # `offline-agent status` shows where a (resumed) stage stands before its first episode
+        ctx.progress.update(policy=name, episodes_done=done, episodes=total)
 
         def on_done(t: Trajectory, mode: str, name: str = name) -> None:
             nonlocal done
