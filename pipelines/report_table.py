@@ -7,6 +7,8 @@ An entry is one of report.json's `policies` (pipelines/report.py `policy_results
 
 from __future__ import annotations
 
+from offline_agent.evaluation import BASE
+
 # a trained policy's final record's key (pipelines/stages/train.py) and its report entry's:
 # its pair accuracy on the mined pairs its training sample left out
 HELD_OUT = "held_out"
@@ -129,8 +131,8 @@ def paired_test_rows(report: dict) -> list[list[str]]:
     for e in report["policies"]:
         name = e["policy"] + ("" if e["mode"] == "greedy" else f" +{e['mode']}")
         if e["delta_vs_base"]:
-            tests.append((name, "base", e["delta_vs_base"]))
-        if e["delta_vs_greedy"] and e["policy"] != "base":  # base's is the row above
+            tests.append((name, BASE, e["delta_vs_base"]))
+        if e["delta_vs_greedy"] and e["policy"] != BASE:  # base's is the row above
             tests.append((name, f"{e['policy']} greedy", e["delta_vs_greedy"]))
     tests += [(c["policy"], c["against"], c) for c in report.get("comparisons", [])]
     return [[a, b, str(d["n_tasks"]), _pct(d["success_rate"], d["ci95"], signed=True),
