@@ -107,6 +107,22 @@ def test_packed_logps_equal_separate_forwards(tiny, tokenizer):
     assert got == pytest.approx([plain_logps(tiny, s) for s in seqs], abs=1e-4)
 
 
+def test_a_sequence_is_packed_only_up_to_its_last_action_token(tiny, tokenizer):
+    """The episode's last observation feeds no loss: it is left out of the forward, and the
+    log-probs are those of the whole sequence."""
+    pair = trajectory_pair()
+    done = {"role": "tool", "content": "You bought P0001 blue power bank. Done. " * 5}
+    seq = encode_example(tokenizer, {"messages": pair["prompt"] + pair["chosen"] + [done],
+                                     "info": {"prompt_messages": len(pair["prompt"])}})
+    last = max(i for i, m in enumerate(seq.mask) if m)
+    assert len(seq.ids) - last > 30  # the observation and end-of-turn tokens
+    packed = pack([seq])
+    assert packed.ids[0].tolist() == seq.ids[:last]
+    with torch.no_grad():
+        got = sequence_logps(tiny, packed).item()
+    assert got == pytest.approx(plain_logps(tiny, seq), abs=1e-4)
+
+
 def dense_logps(model, packed) -> torch.Tensor:
     """The packed forward with one dense (L, L) additive mask through SDPA: the oracle of the
     blocked trie attention (it was sequence_logps before it)."""

@@ -13,7 +13,9 @@ that every sequence through it reads, so backward sums their contributions, the 
 separate forwards of each sequence would give; nothing is detached.
 
 Only rows that predict an action token go through the LM head (`logits_to_keep`), so prompt
-and observation tokens never get logits at all: their gradient is zero by construction.
+and observation tokens never get logits at all: their gradient is zero by construction. A
+sequence enters the trie only up to its last action token (`Encoded.inputs`): what follows
+(the episode's last observation) would be computed for no loss.
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ class Encoded:
     @property
     def action_tokens(self) -> int:
         return sum(self.mask)
+
+    @property
+    def inputs(self) -> list[int]:
+        """The ids a forward needs: those before the last action token. That token is only
+        predicted, and what follows it (end of turn, the last observation) feeds no loss."""
+        last = max((i for i, m in enumerate(self.mask) if m), default=0)
+        return self.ids[:last]
 
 
 def messages(dicts: list[dict]) -> list[Message]:
@@ -121,7 +130,7 @@ def pack(seqs: list[Encoded]) -> Packed:
     for s, seq in enumerate(seqs):
         if seq.mask and seq.mask[0]:
             raise ValueError("a sequence cannot start with an action token (nothing predicts it)")
-        path = trie.add(seq.ids)
+        path = trie.add(seq.inputs)
         for i, m in enumerate(seq.mask):
             if m:
                 rows.append(path[i - 1])
@@ -150,11 +159,11 @@ def groups(items: list[list[Encoded]], budget: int) -> list[list[int]]:
     for i, seqs in enumerate(items):
         before = len(trie)
         for seq in seqs:
-            trie.add(seq.ids)
+            trie.add(seq.inputs)
         if not out or (len(trie) > budget and before):
             trie = Trie()
             for seq in seqs:
-                trie.add(seq.ids)
+                trie.add(seq.inputs)
             out.append([])
         out[-1].append(i)
     return out
