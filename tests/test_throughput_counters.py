@@ -35,9 +35,15 @@ def test_counts_recomputed_is_what_was_forwarded_beyond_the_needed():
     assert counters.Counts(prefill_tokens=5, needed=9).recomputed == 0
 
 
+def packed_inputs(seqs: list[list[int]]):
+    """The packed trie whose inputs are exactly `seqs`: each is followed by one action token,
+    which is predicted, not forwarded (logprobs.pack)."""
+    return pack([Encoded([*s, 0], [0] * len(s) + [1]) for s in seqs])
+
+
 def test_packed_trie_gives_back_the_prefixes_of_its_sequences():
     seqs = [[1, 2, 3, 4], [1, 2, 3, 5, 6], [1, 7], [8, 2, 3]]
-    packed = pack([Encoded(s, [0] * len(s)) for s in seqs])
+    packed = packed_inputs(seqs)
     from_mask = counters.PrefixSet()
     new = counters.add_packed(from_mask, packed.ids[0].tolist(), packed.positions[0].tolist(),
                               packed.allowed)
@@ -71,7 +77,7 @@ def test_forward_counter_reads_training_prefixes_from_the_forward():
     counts, seen = counters.Counts(), counters.PrefixSet()
     model = Echo()
     counters.ForwardCounter(model, counters.Clock(), counts, seen)
-    packed = pack([Encoded([1, 2, 3], [0, 0, 1]), Encoded([1, 2, 4], [0, 0, 1])])
+    packed = packed_inputs([[1, 2, 3], [1, 2, 4]])
     bias = torch.zeros(packed.allowed.shape).masked_fill(~packed.allowed, -1e9)
     model(input_ids=packed.ids, attention_mask=bias[None, None], position_ids=packed.positions)
     model(input_ids=torch.tensor([[0, 1, 2, 5]]), attention_mask=torch.tensor([[0, 1, 1, 1]]))
@@ -110,6 +116,6 @@ def test_patches_time_methods_and_put_them_back():
 
 @pytest.mark.parametrize("seqs", [[[3]], [[3, 4], [3, 4]]])
 def test_packed_parents_of_roots_are_minus_one(seqs):
-    packed = pack([Encoded(s, [0] * len(s)) for s in seqs])
+    packed = packed_inputs(seqs)
     parents = counters.packed_parents(packed.positions[0].tolist(), packed.allowed)
     assert parents[0] == -1 and parents == [-1, 0][:len(packed.ids[0])]

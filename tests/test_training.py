@@ -11,6 +11,7 @@ from offline_agent.chat import render_prompt
 from offline_agent.policy.base import encode_prompt
 from offline_agent.training.config import TrainConfig
 from offline_agent.training.logprobs import (
+    Encoded,
     encode_example,
     encode_pair,
     groups,
@@ -180,6 +181,12 @@ def test_groups_respect_the_token_budget(tokenizer):
     assert all(len(pack([s for i in g for s in items[i]]).ids[0]) <= one + 20 for g in out)
     assert len(out) > 1
     assert groups(items, budget=1) == [[i] for i in range(6)]  # too big: each goes alone
+
+
+def test_groups_count_a_sequence_without_action_tokens_whole():
+    """The learned critic budgets its states (no action tokens) with `groups`."""
+    items = [[Encoded(list(range(i * 10, i * 10 + 10)), [])] for i in range(4)]
+    assert groups(items, budget=25) == [[0, 1], [2, 3]]
 
 
 def test_trajectory_logprob_is_sum_over_action_tokens_by_a_plain_loop_over_turns(tiny, tokenizer):

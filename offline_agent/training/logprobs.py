@@ -45,9 +45,11 @@ class Encoded:
     @property
     def inputs(self) -> list[int]:
         """The ids a forward needs: those before the last action token. That token is only
-        predicted, and what follows it (end of turn, the last observation) feeds no loss."""
-        last = max((i for i, m in enumerate(self.mask) if m), default=0)
-        return self.ids[:last]
+        predicted, and what follows it (end of turn, the last observation) feeds no loss. A
+        sequence without action tokens (the learned critic's, read at its last token) is
+        forwarded whole."""
+        actions = [i for i, m in enumerate(self.mask) if m]
+        return self.ids[:actions[-1]] if actions else self.ids
 
 
 def messages(dicts: list[dict]) -> list[Message]:
