@@ -27,7 +27,8 @@ from dpo_step import MODEL, baseline_package, modules
 
 
 def rows(export: Path, name: str) -> list[dict]:
-    return pq.read_table(export / "data" / name / "train-00000-of-00001.parquet").to_pylist()
+    """A config's rows, all its shards (pipelines/export.py's layout)."""
+    return pq.read_table(export / "data" / name).to_pylist()
 
 
 def run(m: dict, kind: str, data: list[dict]) -> tuple[float, float, int]:
@@ -51,9 +52,10 @@ def run(m: dict, kind: str, data: list[dict]) -> tuple[float, float, int]:
     with tempfile.TemporaryDirectory() as out:
         m["trainer"].train(model, objective, cfg, Path(out), Accelerator(cpu=True),
                            on_metrics=lambda s, x: steps.append(x))
+    seconds = time.perf_counter() - began
     packed = sum(m["logprobs"].pack([s for i in g for s in items[i]]).ids.shape[1]
                  for g in m["logprobs"].groups(items, cfg.pack_tokens))
-    return time.perf_counter() - began, steps[-1]["loss"], packed
+    return seconds, steps[-1]["loss"], packed
 
 
 def main() -> None:
@@ -63,10 +65,10 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=8, help="examples (pairs) in the step")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each path, alternating")
     args = ap.parse_args()
-    paths = {"baseline": modules(baseline_package(args.baseline, Path(tempfile.mkdtemp())))}
-    paths["new"] = modules("offline_agent.training")
-    for name, package in (("baseline", "baseline_training"), ("new", "offline_agent.training")):
-        paths[name]["rft"] = importlib.import_module(f"{package}.rft")
+    packages = {"baseline": baseline_package(args.baseline, Path(tempfile.mkdtemp())),
+                "new": "offline_agent.training"}
+    paths = {name: modules(package, rft=importlib.import_module(f"{package}.rft"))
+             for name, package in packages.items()}
     data = {"rft": (rows(args.export, "rft") + rows(args.export, "hindsight"))[:args.items],
             "dpo_outcome": rows(args.export, "trajectory_pairs")[:args.items]}
     total = {(k, p): 0.0 for k in data for p in paths}
