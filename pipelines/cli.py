@@ -347,12 +347,12 @@ def _task_tree(store: Store, task: str, r: int | None) -> tuple[int, TreeRow]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pipelines.report import build_report, eval_config, write_report
+    from pipelines.report import build_report, eval_config, outcomes, write_report
     from pipelines.report_table import comparison_table, diagnostics_text
 
     with Store(args.run_dir / "store.duckdb", read_only=True) as store:
-        report = build_report(store, eval_config(store))
-    path = write_report(args.run_dir, report)
+        report, episodes = build_report(store, eval_config(store)), outcomes(store)
+    path = write_report(args.run_dir, report, episodes)
     print(comparison_table(report))
     print(diagnostics_text(report["diagnostics"]))
     print(f"report: {path}")

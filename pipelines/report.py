@@ -12,12 +12,24 @@ write it.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-from offline_agent.evaluation import BASE, MODE, TEST, Episode, EvalConfig, compare, summarize
+from offline_agent.evaluation import (
+    BASE,
+    MODE,
+    TEST,
+    VAL,
+    Episode,
+    EvalConfig,
+    compare,
+    summarize,
+)
 from offline_agent.search.concordance import concordance
 from pipelines.diagnostics import diagnose
 from pipelines.report_html import render
@@ -172,12 +184,37 @@ def training_curves(store: Store) -> dict[str, list[dict]]:
     return curves
 
 
-def write_report(run_dir: Path, report: dict) -> Path:
-    """RUN_DIR/report/report.json and index.html, each replaced atomically; the page's path."""
+OUTCOME_COLUMNS = ("policy", "mode", "split", "task_id", "success", "reward", "steps", "invalid")
+
+
+def outcomes(store: Store) -> list[dict]:
+    """One row per stored evaluation episode, test and validation (OUTCOME_COLUMNS): what a
+    paired comparison of any two policies needs, small enough to keep beside report.json."""
+    split = {t.id: t.split for s in ("train", TEST, VAL) for t in store.tasks(s)}
+    out = []
+    for row in store.eval_episodes():
+        e = Episode.from_row(row)
+        out.append({"policy": row.policy, "mode": row.mode, "split": split.get(e.task_id),
+                    "task_id": e.task_id, "success": int(e.success),
+                    "reward": round(e.reward, 4), "steps": e.steps, "invalid": e.invalid})
+    return out
+
+
+def outcomes_csv(rows: Sequence[dict]) -> str:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=OUTCOME_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
+
+
+def write_report(run_dir: Path, report: dict, episodes: Sequence[dict] = ()) -> Path:
+    """RUN_DIR/report/report.json, index.html and outcomes.csv (`outcomes`: every evaluation
+    episode's result), each replaced atomically; the page's path."""
     out = Path(run_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     for name, text in (("report.json", json.dumps(report, indent=1, default=str)),
-                       ("index.html", render(report))):
+                       ("index.html", render(report)), ("outcomes.csv", outcomes_csv(episodes))):
         tmp = out / f".{name}.{os.getpid()}.tmp"
         tmp.write_text(text)
         os.replace(tmp, out / name)

@@ -274,6 +274,22 @@ def test_report_verb_reads_store_read_only(run_dir, capsys):
     assert report["config"] == {"eval": {"bootstrap": 500, "seed": 3}}
 
 
+def test_report_writes_every_episode_outcome_beside_report_json(run_dir):
+    """report/outcomes.csv: one row per stored episode, what a paired test of any two
+    policies needs (results/<experiment>/ keeps it beside report.json)."""
+    import csv
+
+    assert main(["report", str(run_dir)]) == 0
+    rows = list(csv.DictReader((run_dir / "report" / "outcomes.csv").open()))
+    assert len(rows) == 3 * N and {r["policy"] for r in rows} == {"base", "rft", "dpo_step"}
+    step = {r["task_id"]: r for r in rows if r["policy"] == "dpo_step"}
+    assert step["t002"]["success"] == "1" and step["t003"]["success"] == "0"
+    assert step["t003"]["reward"] == "0.25" and step["t003"]["steps"] == str(1 + 1 + 3 % 3)
+    assert {r["split"] for r in rows} == {"test"} and {r["mode"] for r in rows} == {"greedy"}
+    base = {r["task_id"]: r for r in rows if r["policy"] == "base"}
+    assert base["t005"]["invalid"] == "1" and base["t006"]["invalid"] == "0"
+
+
 def test_report_verb_without_a_run(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert "no store at" in capsys.readouterr().err
