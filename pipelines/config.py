@@ -113,9 +113,11 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self):
-        if self.train.select == "val" and self.env.val_tasks < 1:
-            raise ConfigError("train.select=val needs validation tasks: set env.val_tasks "
-                              "(e.g. 32)")
+        for key, select in (("train.select", self.train.select),
+                            ("grpo.select", self.grpo.select)):
+            if select == "val" and self.env.val_tasks < 1:
+                raise ConfigError(f"{key}=val needs validation tasks: set env.val_tasks "
+                                  "(e.g. 32)")
         g = self.grpo
         if g.enabled and g.init != "base" and g.init not in self.train.policies:
             raise ConfigError(f"grpo.init={g.init} is not in train.policies {self.train.policies}: "

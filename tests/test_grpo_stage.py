@@ -161,6 +161,29 @@ def test_the_stage_records_metrics_and_its_adapter_which_eval_then_plays(pick_mo
     assert run(cfg, tmp_path / "r", GRPO)["grpo"]["status"] == "skipped"
 
 
+def test_select_val_chooses_the_step_on_validation_and_eval_plays_the_choice(pick_model_dir,
+                                                                            tmp_path):
+    """grpo.select: val keeps each step checkpoint, plays it and the last step on the
+    validation tasks (split val, never the test table) and records the best as grpo/final,
+    which eval then plays: GRPO's step count chosen on validation."""
+    settings = grpo_config(pick_model_dir, steps=4, select="val")
+    settings["env"]["val_tasks"] = 4
+    stats = run(RunConfig.from_dict(settings), tmp_path / "r", GRPO)["grpo"]["stats"]
+    chosen = stats["selected"]
+    assert [c["step"] for c in chosen["candidates"]] == [2, 4]
+    assert chosen["step"] in (2, 4) and stats["folder"] == next(
+        c["folder"] for c in chosen["candidates"] if c["step"] == chosen["step"])
+    with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
+        for step in (2, 4):
+            played = store.eval_episodes(f"grpo/step-{step}", split="val")
+            assert len(played) == 4 and not store.eval_episodes(f"grpo/step-{step}",
+                                                                split="test")
+        assert eval_policies(store, tmp_path / "r")["grpo"] == str(tmp_path / "r" /
+                                                                   stats["folder"])
+    assert (tmp_path / "r" / "checkpoints/grpo/grpo/candidates/step-2/adapter_config.json"
+            ).is_file()
+
+
 def test_a_disabled_stage_does_nothing(pick_model_dir, tmp_path):
     cfg = RunConfig.from_dict(grpo_config(pick_model_dir, enabled=False))
     assert run(cfg, tmp_path / "r", GRPO)["grpo"]["stats"] == {"skipped": "grpo.enabled is false"}

@@ -229,6 +229,10 @@ def test_select_val_needs_validation_tasks():
         RunConfig.from_dict({"train": {"select": "val"}})
     with pytest.raises(ConfigError, match="train.select must be one of last, val"):
         RunConfig.from_dict({"train": {"select": "best"}})
+    with pytest.raises(ConfigError, match="grpo.select=val needs validation tasks"):
+        RunConfig.from_dict({"grpo": {"select": "val"}})
+    with pytest.raises(ConfigError, match="grpo.select must be one of last, val"):
+        RunConfig.from_dict({"grpo": {"select": "best"}})
 
 
 def test_choose_prefers_success_then_reward_then_the_later_step():

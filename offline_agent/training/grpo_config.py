@@ -54,10 +54,14 @@ class GRPOConfig:
     save_every: int = _f(5, "checkpoint (adapter, optimizer, RNG, the step whose rollouts come "
                             "next) every this many steps; the final adapter is always saved")
     gamma: float = _f(0.95, "discount of the per-step return a step group normalises")
+    select: str = _f("last", "GRPO's final adapter: last (its last step's) or val (of its step "
+                             "checkpoints and the last, the one best on the validation tasks, "
+                             "as train.select: the step count chosen on validation)")
 
     def __post_init__(self):
         checks = {"init": (self.init, INITS), "loss_type": (self.loss_type, LOSS_TYPES),
-                  "scale_rewards": (self.scale_rewards, SCALES)}
+                  "scale_rewards": (self.scale_rewards, SCALES),
+                  "select": (self.select, ("last", "val"))}
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"grpo.{name} must be one of {', '.join(allowed)}, got {value!r}")

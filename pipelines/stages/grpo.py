@@ -5,7 +5,9 @@ adapter), samples groups on the train tasks and updates the adapter online
 (offline_agent/training/grpo_train.py). Every step's metrics land in the metrics table
 (series "grpo"); a step checkpoint (adapter, optimizer, scheduler, RNG) is recorded under
 "grpo" and an interrupted stage resumes from it with the same next rollouts; the final
-adapter under "grpo/final", which the eval stage plays as policy "grpo".
+adapter under "grpo/final", which the eval stage plays as policy "grpo". With grpo.select: val
+the step checkpoints are kept and the one best on the validation tasks becomes that final
+adapter (pipelines/stages/select.py, as train.select), so the step count is chosen there.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from pipelines.config import make_env
 from pipelines.runner import RunError, StageContext
+from pipelines.stages.select import keep_candidate, select_checkpoint
 from storage import MetricRow
 
 POLICY = "grpo"
@@ -37,6 +40,8 @@ def run_grpo(ctx: StageContext) -> dict:
         stats = {"skipped": "grpo.enabled is false"}
     else:
         stats = store.checkpoint(ctx.stage, ctx.shard, f"{POLICY}/final") or _train(ctx)
+        if cfg.grpo.select == "val" and "selected" not in stats:
+            stats = select_checkpoint(ctx, POLICY, stats)
     with store.transaction():
         ctx.mark_done(stats)
     return stats
@@ -54,6 +59,8 @@ def _train(ctx: StageContext) -> dict:
         ctx.progress.update(policy=POLICY, step=step, reward=round(metrics["reward_mean"], 3))
 
     def on_checkpoint(step: int, path: Path) -> None:
+        if cfg.grpo.select == "val":  # kept before the store points past it
+            keep_candidate(folder, step, path)
         store.set_checkpoint(ctx.stage, ctx.shard, POLICY,
                              {"step": step, "folder": str(path.relative_to(ctx.run_dir))})
 

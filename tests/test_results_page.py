@@ -1,0 +1,73 @@
+"""docs/results.md and README's results lines are generated from results/ (pipelines/
+results_page.py): the committed pages equal what the script prints from the committed
+artifacts, and the blocks carry a real report's numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from offline_agent.evaluation import EvalConfig
+from pipelines.report import build_report
+from pipelines.results_page import ROOT, fill, main
+from storage import Store
+from tests.test_report import fill as fill_store
+
+PAGE = """# Results
+<!-- results: toy headline -->
+stale text
+<!-- /results -->
+prose kept
+<!-- results: toy choices -->
+<!-- /results -->
+<!-- results: toy readme -->
+<!-- /results -->
+"""
+
+
+@pytest.fixture
+def root(tmp_path):
+    """A repo-like folder whose results/toy/ holds a real report of a small store."""
+    with Store(tmp_path / "store.duckdb") as store:
+        fill_store(store)
+        report = build_report(store, EvalConfig(bootstrap=500))
+    exp = tmp_path / "results" / "toy"
+    exp.mkdir(parents=True)
+    (exp / "report.json").write_text(json.dumps(report))
+    (exp / "config.yaml").write_text(yaml.safe_dump({"model": {"dtype": "bfloat16"}}))
+    (exp / "choices.yaml").write_text(yaml.safe_dump({"choices": [{"what": "train.lr", "tried": [
+        {"config": "lr 1e-4", "success": 0.25, "ci95": [0.1, 0.4], "mean_reward": 0.5,
+         "command": "offline-agent run c.yaml", "taken": True},
+        {"config": "lr 3e-4", "success": 0.2, "mean_reward": 0.45, "command": "x"}]}]}))
+    return tmp_path
+
+
+def test_blocks_are_regenerated_from_the_artifacts_and_prose_is_kept(root):
+    page = fill(PAGE, root)
+    assert "stale text" not in page and "prose kept" in page
+    assert "| row (bfloat16) |" in page  # the dtype the run used, named in the table
+    # dpo_step solves every even task of 40, base every 4th: 50% vs 25%, +25 points paired
+    assert "| step DPO (Agent Q) | 40 | 50.0 [" in page and "| +25.0 [" in page
+    assert "| 10:0, p 0.002 (1 tried) |" in page
+    assert "| train.lr | lr 1e-4 | 25.0 [10.0, 40.0] | 0.500 | **yes** |" in page
+    assert "step DPO (Agent Q) 50.0 [" in page and "vs base" in page  # the readme sentence
+    assert fill(page, root) == page  # idempotent
+
+
+def test_an_experiment_without_artifacts_says_so(tmp_path):
+    page = fill("<!-- results: none headline -->\n<!-- /results -->", tmp_path)
+    assert "No evaluation yet" in page
+
+
+def test_an_unknown_block_is_an_error(root):
+    with pytest.raises(ValueError, match="unknown results block 'nosuch'"):
+        fill("<!-- results: toy nosuch -->\n<!-- /results -->", root)
+
+
+def test_committed_pages_match_the_committed_artifacts():
+    """No figure on docs/results.md or README.md can drift from results/: regenerate and
+    compare (`python -m pipelines.results_page` rewrites them)."""
+    assert (ROOT / "results").is_dir()
+    assert main(["--check"]) == 0
