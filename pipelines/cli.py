@@ -1,4 +1,5 @@
-"""offline-agent: run the pipeline, inspect a run, merge shard runs.
+"""offline-agent: run the pipeline; inspect a run (status, tree, report); merge shard runs;
+export the mined data; check an env.
 
 User mistakes (bad config key, changed config, run in use, a file that is not a store, an env
 whose state cannot be snapshot) end with one line on stderr and exit code 2, having changed

@@ -152,7 +152,7 @@ class EvalEpisodeRow(Row):
 
     TABLE: ClassVar[str] = "eval_episodes"
     policy: str  # base | a trained policy's name (`<policy>@k` in round k)
-    mode: str  # greedy (the only mode evaluation runs)
+    mode: str  # greedy | mcts (eval.mcts: search at inference)
     task_id: str
     steps: list[dict]  # offline_agent.types.step_to_dict of each step
     reward: float

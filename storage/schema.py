@@ -293,7 +293,7 @@ BASELINE = {
         PRIMARY KEY (stage, series, step))""",
     "eval_episodes": """CREATE TABLE eval_episodes (
         policy VARCHAR NOT NULL,             -- base | a trained policy's name
-        mode VARCHAR NOT NULL,               -- greedy (the only mode evaluation runs)
+        mode VARCHAR NOT NULL,               -- greedy | mcts (eval.mcts: search at inference)
         task_id VARCHAR NOT NULL,
         steps JSON NOT NULL,
         reward DOUBLE NOT NULL,

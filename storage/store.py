@@ -4,9 +4,10 @@ query), the only code in the project that writes SQL.
 
 Rows travel as the dataclasses of storage/rows.py. Writes are batched: a list of rows becomes
 one Arrow table and lands with a single INSERT (or UPDATE ... FROM) inside a transaction;
-row-by-row autocommit is 20-40x slower (benchmarks/store_writes.py). Every write method is atomic
-on its own; wrap several in `with store.transaction():` to make them durable together, e.g. a
-stage's last outputs and `mark_stage_done` (the "done" mark) in one commit.
+row-by-row autocommit is ~40x slower to insert and ~80x to update (benchmarks/store_writes.py,
+docs/performance.md). Every write method is atomic on its own; wrap several in
+`with store.transaction():` to make them durable together, e.g. a stage's last outputs and
+`mark_stage_done` (the "done" mark) in one commit.
 
 DuckDB lets one process open a file at a time, even read-only; a second gets
 StoreInUse("run is in use by PID ..."). A file that is not an offline-agent store (not DuckDB,

@@ -5,9 +5,8 @@ more than one query token comes with a mask, on CPU and CUDA: every prefill of a
 prompts and every scoring forward against a cache of ~1,000 tokens. That copy of the whole
 cache, per layer and per forward, took ~11% of search time on CPU (py-spy of `make demo`).
 torch's SDPA takes the unrepeated K/V with `enable_gqa=True`, masked or not; on this CPU its
-output is bit-identical to the repeated one's and it is faster at search's shapes
-(benchmarks/scoring_levers.py, which also measures the other way: query heads folded into
-rows). Gradients go through the same op, so a model trained while an HFPolicy holds it learns
+output is bit-identical to the repeated one's and it is faster at search's shapes.
+Gradients go through the same op, so a model trained while an HFPolicy holds it learns
 the same. A single query token or no mask goes to transformers' own path, which avoids the
 repeat there already (pack_gqa, or enable_gqa when no mask).
 """

@@ -7,8 +7,7 @@ that generate does not, cheaply:
   so a sample does not depend on which other rows shared its batch or how rows were chunked.
 - The log-prob of every sampled token under the model's raw distribution (temperature 1,
   no top-p) comes with the logits we already have. GRPO's ratio and KL need exactly these.
-- On CPU, prefilling long histories costs more than decoding a short action
-  (benchmarks/generation.py). Prompts share a long prefix (system prompt, tool descriptions),
+- On CPU, prefilling long histories costs more than decoding a short action. Prompts share a long prefix (system prompt, tool descriptions),
   the n samples of a prompt share the whole prompt, and the next step of an episode extends
   the last one. So each distinct prompt is computed once, only past the longest prefix the
   PrefixCache holds from earlier calls, and the KV cache is then expanded to the n rows.

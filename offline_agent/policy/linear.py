@@ -6,9 +6,9 @@ slower than oneDNN's kernel for the same float32 weight, and at 2 to 8 rows it c
 twice its 1-row product. On the idle 2-core AMD EPYC, a decode step of the embedded model at
 context 970 ran 1.21-1.76x faster at 2 to 8 rows, 1.29x at 1 and 1.05x at 16, search's
 sampled call of 48 rows 1.32x, greedy MiniShop episodes 1.11x, a prefill 0.94x
-(`benchmarks/decode_levers.py --levers onednn --threads 2`; with OMP_WAIT_POLICY=PASSIVE
-other ratios, docs/performance.md). Outputs differ from MKL's by float rounding (~1e-6
-relative), the size of the difference between two batch shapes.
+(`benchmarks/decode_levers.py --levers onednn --threads 2`, docs/performance.md). Outputs
+differ from MKL's by float rounding (~1e-6 relative), the size of the difference between two
+batch shapes.
 
 Only where no gradient is taken: torch's oneDNN linear op has no backward, so a model that
 is trained while a policy holds it (GRPO) trains through `nn.Linear` as before.

@@ -38,7 +38,8 @@ class SearchConfig:
                                     "(its score, no rollout; changes the trees) or mix (their "
                                     "mean); docs/architecture.md")
     verifier: bool = _f(True, "read the env's reward; false: verifier-free, as eval.mcts runs it "
-                              "(needs leaf_value critic, finish false; docs/architecture.md)")
+                              "(needs leaf_value critic, and with finish the learned critic; "
+                              "docs/architecture.md)")
     trees_per_batch: int = _f(16, "trees advanced together; one generate call serves them all")
     seed: int = _f(0, "base seed; sampling is seeded per (task, simulation)")
     shard: str = _f("0/1", "i/n: search tasks[i::n] only (scale-out over machines)",

@@ -1,4 +1,4 @@
-"""The pure core of GRPO (the planned `grpo` stage): advantages of episode groups and of
+"""The pure core of GRPO (the `grpo` stage): advantages of episode groups and of
 state-grouped steps, reward shaping, zero-signal groups, the clipped token loss, and log-probs
 under a grammar's mask. Tensors in, tensors out: no model, no store, no env, so a hand
 computation checks each one (tests/test_grpo_core.py). docs/training.md says what is used

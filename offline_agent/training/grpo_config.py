@@ -1,4 +1,4 @@
-"""GRPO settings (the planned `grpo` stage, docs/training.md). Lives beside the trainers so
+"""GRPO settings (the `grpo` stage, docs/training.md). Lives beside the trainers so
 `offline_agent` never imports `pipelines`; the pure parts they configure are in grpo.py."""
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Stage `eval`: greedy episodes on the held-out test tasks, for the base model and for every
-policy the train stage finished.
+policy the train and grpo stages finished.
 
-Trained policies are found in the store (checkpoints `train/<policy>/final`, written once
-the adapter folder is complete), so the stage needs no list of them. Each episode is
+Trained policies are found in the store (checkpoints `train/<policy>/final` and
+`grpo/final`, written once the adapter folder is complete), so the stage needs no list of
+them. Each episode is
 committed as it ends; a resumed stage skips the (policy, mode, task) rows it already has.
 The statistics are left to the report, which recomputes them from the rows. With eval.mcts,
 each policy also plays the first eval.mcts_tasks test tasks with search at inference
