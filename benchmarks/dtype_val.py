@@ -2,8 +2,9 @@
 
 Before an experiment runs in bfloat16 (`model.dtype: bfloat16`, faster on a CPU with
 avx512_bf16), this checks that the cheaper dtype does not move the policy it starts from.
-Both play the same validation tasks greedily (the named baseline is float32); printed: each
-dtype's success with its Wilson interval and seconds, the paired success and reward
+Both play the same validation tasks greedily (the named baseline is float32), alternating in
+chunks of `--chunk` tasks so that both see the same machine load; printed: each dtype's
+success with its Wilson interval and seconds, the paired success and reward
 difference (bf16 minus fp32) with bootstrap intervals, wins:losses with McNemar's p, and the
 share of episodes whose actions differ at all.
 
@@ -27,11 +28,20 @@ from offline_agent.policy import DEFAULT_MODEL, load_policy
 BASELINE, CANDIDATE = "float32", "bfloat16"
 
 
-def play(dtype: str, args, make_env, tasks) -> tuple[list[Episode], float]:
-    policy = load_policy(args.model, device="cpu", dtype=dtype, max_batch=args.batch)
-    start = time.perf_counter()
-    trajectories = greedy_episodes(policy, make_env, tasks, args.batch, on_done=lambda t: None)
-    return [Episode.from_trajectory(t) for t in trajectories], time.perf_counter() - start
+def play(args, make_env, tasks) -> dict[str, tuple[list[Episode], float]]:
+    """{dtype: (its episodes in task order, its seconds)}, the dtypes taking turns per chunk."""
+    policies = {d: load_policy(args.model, device="cpu", dtype=d, max_batch=args.batch)
+                for d in (BASELINE, CANDIDATE)}
+    out: dict[str, tuple[list[Episode], float]] = {d: ([], 0.0) for d in policies}
+    for i in range(0, len(tasks), args.chunk):
+        for d, policy in policies.items():
+            start = time.perf_counter()
+            trajectories = greedy_episodes(policy, make_env, tasks[i:i + args.chunk],
+                                           args.batch, on_done=lambda t: None)
+            episodes, seconds = out[d]
+            out[d] = (episodes + [Episode.from_trajectory(t) for t in trajectories],
+                      seconds + time.perf_counter() - start)
+    return out
 
 
 def main() -> None:
@@ -43,6 +53,7 @@ def main() -> None:
     ap.add_argument("--train-tasks", type=int, required=True, help="the run's env.train_tasks")
     ap.add_argument("--val-tasks", type=int, default=100, help="the run's env.val_tasks")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--chunk", type=int, default=25, help="tasks per turn of each dtype")
     ap.add_argument("--out", help="also write the figures and episodes here (JSON)")
     args = ap.parse_args()
 
@@ -51,7 +62,7 @@ def main() -> None:
 
     tasks = make_env().tasks("train", args.train_tasks + args.val_tasks)[args.train_tasks:]
     cfg = EvalConfig()
-    played = {d: play(d, args, make_env, tasks) for d in (BASELINE, CANDIDATE)}
+    played = play(args, make_env, tasks)
     out = {"env": args.env, "seed": args.seed, "tasks": [t.id for t in tasks]}
     for dtype, (episodes, seconds) in played.items():
         s = summarize(episodes, cfg)

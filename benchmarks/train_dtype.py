@@ -5,7 +5,8 @@ weights (and so AdamW's master copy and its state) in float32 and casts at the a
 input, so only the base's matmuls run in bf16. This prints, per dtype, side by side in one
 process (alternating, `--repeats` times, so both see the same machine load):
 - DPO: the reference pass and `--steps` optimizer steps on 8 MiniShop step pairs
-  (benchmarks/dpo_step.py's data and path), their seconds and losses;
+  (benchmarks/minishop_pairs.py), their seconds and losses (at step 1 the policy is the
+  reference, so a loss other than ln 2 is the dtype's rounding between the two passes);
 - GRPO: `--steps` online GRPO steps from a fresh adapter on MiniShop train tasks (rollouts
   through the model being trained, then the update), seconds per step split into rollouts
   and update, and the step's mean reward;
@@ -24,7 +25,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dpo_step import modules, run_path  # noqa: E402
 from minishop_pairs import step_pairs  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
@@ -32,10 +32,31 @@ MODEL = "embedded:smollm2-135m-instruct"
 
 
 def dpo(dtype: str, pairs, args) -> dict:
-    r = run_path(modules("offline_agent.training", dtype=dtype), pairs, args)
-    dtypes = {str(v.dtype) for v in r["lora"].values()}
-    return {"seconds": r["reference_s"] + sum(r["step_s"]), "reference_s": r["reference_s"],
-            "step_s": sum(r["step_s"]) / len(r["step_s"]), "loss": r["loss"],
+    """Load, reference pass, `args.steps` optimizer steps: seconds, losses, adapter dtype."""
+    from accelerate import Accelerator
+
+    from offline_agent.training import dpo as dpo_loss
+    from offline_agent.training.config import TrainConfig
+    from offline_agent.training.logprobs import encode_pair
+    from offline_agent.training.model import add_lora, load_base
+    from offline_agent.training.trainer import train
+
+    cfg = TrainConfig(batch_size=len(pairs), epochs=args.steps, max_steps=args.steps,
+                      save_every=10**6, lora_r=16, lora_alpha=32, dtype=dtype)
+    model, tokenizer = load_base(MODEL, cfg, "cpu")
+    model = add_lora(model, cfg)
+    items = [list(encode_pair(tokenizer, p)) for p in pairs]
+    began = time.perf_counter()
+    ref = dpo_loss.reference_logps(model, items, cfg.pack_tokens)
+    reference = time.perf_counter() - began
+    steps: list[dict] = []
+    with tempfile.TemporaryDirectory() as out:
+        train(model, dpo_loss.DPOObjective(items, ref, cfg), cfg, Path(out),
+              Accelerator(cpu=True), on_metrics=lambda s, x: steps.append(x))
+    dtypes = {str(p.dtype) for n, p in model.named_parameters() if "lora_" in n}
+    step_s = [s["seconds"] for s in steps]
+    return {"seconds": reference + sum(step_s), "reference_s": reference,
+            "step_s": sum(step_s) / len(step_s), "loss": [s["loss"] for s in steps],
             "adapter_dtype": ",".join(sorted(dtypes))}
 
 
