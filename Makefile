@@ -42,6 +42,7 @@ lock:
 
 demo: install
 	$(VENV)/bin/offline-agent run configs/default.yaml --run-dir $(RUN_DIR)
+	@echo "With n = 8 this shows the pipeline working, not a result: the comparison on 200 test tasks per env is docs/results.md"
 
 # Two workers, one file each at a time (module fixtures stay shared), one thread each: the
 # suite waits on subprocesses (sandbox, CLI, TRL) as much as it computes. Long files (marked

@@ -102,7 +102,7 @@ def readme(exp: dict) -> str:
     """Each row as a sentence with n and its interval, for README's results paragraph."""
     entries = exp["report"].get("policies", [])
     if not entries:
-        return "No results yet.\n"
+        return "No test figures yet: the run has not reached its eval stage.\n"
     parts = []
     for e in entries:
         d = e.get("delta_vs_greedy") or e.get("delta_vs_base")
