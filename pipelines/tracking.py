@@ -154,7 +154,8 @@ def open_tracker(report_to: list[str], config: dict, run_dir: Path, run_id: str)
         try:
             backends.append(BACKENDS[name](ids[name], config, run_dir))
         except Exception as e:  # a tracker's own failure (login, server): one line, no run
-            Tracker(backends).__exit__(TrackerError, None, None)
+            for started in backends:
+                started.close(failed=True)
             raise TrackerError(f"run.report_to: {name} did not start: "
                                f"{type(e).__name__}: {e}") from None
         print(f"tracking: {name} {json.dumps(ids[name])}", flush=True)

@@ -22,8 +22,8 @@ from tests.test_extras import hide
 from tests.test_train_stage import config, make_run
 
 ROOT = Path(__file__).parents[1]
-RUN = ("import json, sys\nfrom pipelines.config import RunConfig\nfrom pipelines.runner import run\n"
-       "from pipelines.stages import STAGES\n"
+RUN = ("import json, sys\nfrom pipelines.config import RunConfig\n"
+       "from pipelines.runner import run\nfrom pipelines.stages import STAGES\n"
        "run(RunConfig.from_dict(json.loads(sys.argv[1])), sys.argv[2], "
        "[s for s in STAGES if s.name in sys.argv[3].split(',')])\n")
 # trackio's own reader, in a process whose TRACKIO_DIR is the test's (trackio reads it on import)

@@ -3,9 +3,10 @@
 Starts from the final adapter of grpo.init (a policy the train stage finished; base: a fresh
 adapter), samples groups on the train tasks and updates the adapter online
 (offline_agent/training/grpo_train.py). Every step's metrics land in the metrics table
-(series "grpo") and in run.report_to's trackers; a step checkpoint (adapter, optimizer, scheduler, RNG) is recorded under
-"grpo" and an interrupted stage resumes from it with the same next rollouts; the final
-adapter under "grpo/final", which the eval stage plays as policy "grpo".
+(series "grpo") and in run.report_to's trackers; a step checkpoint (adapter, optimizer,
+scheduler, RNG) is recorded under "grpo" and an interrupted stage resumes from it with the
+same next rollouts; the final adapter under "grpo/final", which the eval stage plays as
+policy "grpo".
 """
 
 from __future__ import annotations
