@@ -9,6 +9,9 @@ EXTRAS = {  # module -> (extra, what needs it); pyproject.toml's [project.option
     "bitsandbytes": ("qlora", "train.quantization=4bit (QLoRA)"),
     "matplotlib": ("report", "the report stage's charts"),
     "networkx": ("tree", "`offline-agent tree`"),
+    "tensorboard": ("tensorboard", "run.report_to: tensorboard"),
+    "trackio": ("trackio", "run.report_to: trackio"),
+    "wandb": ("wandb", "run.report_to: wandb"),
 }
 
 

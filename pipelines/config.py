@@ -21,7 +21,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from offline_agent.config_fields import HELP, is_hashed
+from offline_agent.config_fields import HASHED, HELP, is_hashed
 from offline_agent.config_fields import config_field as _f
 from offline_agent.critic.config import CriticConfig
 from offline_agent.envs.base import BUILTIN_ENVS, Env, load_env
@@ -31,6 +31,7 @@ from offline_agent.policy.models import DEFAULT_MODEL
 from offline_agent.search.config import SearchConfig
 from offline_agent.training.config import TrainConfig
 from offline_agent.training.grpo_config import GRPOConfig
+from pipelines.tracking import BACKENDS
 
 
 class ConfigError(ValueError):
@@ -50,10 +51,17 @@ class RunSection:
     # how many rounds to run: a round's results do not depend on it
     iterations: int = _f(1, "rounds of search -> mine -> train; round k+1 searches with the "
                             "policy trained in round k", hashed=False)
+    report_to: list[str] = field(default_factory=list, metadata={
+        HELP: "experiment trackers every stage logs to: any of tensorboard, trackio, wandb "
+              "(docs/tracking.md); []: none", HASHED: False})
 
     def __post_init__(self):
         if self.iterations < 1:
             raise ConfigError("run.iterations must be >= 1")
+        for name in self.report_to:
+            _choice("run", "report_to", name, tuple(BACKENDS))
+        if len(set(self.report_to)) != len(self.report_to):
+            raise ConfigError(f"run.report_to lists a tracker twice: {self.report_to}")
 
 
 @dataclass
@@ -149,7 +157,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> RunConfig:
-        return _build(cls, data, "")
+        return _build(cls, moved(data), "")
 
     # ---- reading -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -170,6 +178,21 @@ class RunConfig:
 
     def hash(self, sections: Sequence[str]) -> str:
         return digest(self.hashed(sections))
+
+
+def moved(data: dict) -> dict:
+    """A config with keys since moved read at their new place (`data` is not changed):
+    train.report_to (none | tensorboard, the train stage only) is run.report_to (a list,
+    every stage), so old configs and run directories load."""
+    train, run = data.get("train"), data.get("run", {})
+    if not (isinstance(train, dict) and "report_to" in train and isinstance(run, dict)
+            and isinstance(run.get("report_to", []), list)):
+        return data
+    old, trackers = train["report_to"], list(run.get("report_to", []))
+    if old != "none" and old not in trackers:
+        trackers.append(old)
+    return {**data, "train": {k: v for k, v in train.items() if k != "report_to"},
+            "run": {**run, "report_to": trackers}}
 
 
 def digest(hashed: dict[str, Any]) -> str:

@@ -11,6 +11,10 @@ env and model too), and its `view` drops the keys of those sections it does not 
 does not read env.test_tasks), so a change invalidates exactly the stages it affects. A stage that lists
 none (the report) only reads what earlier stages stored: it runs again whenever an earlier
 stage ran in this invocation (e.g. a round added by raising run.iterations).
+
+With run.report_to, one tracker run (pipelines/tracking.py) is open for the whole invocation:
+stages log their per-step metrics through StageContext.log_metrics, the runner each stage's
+stats once it is done.
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from offline_agent.extras import missing
 from pipelines.config import RunConfig, diff, digest
 from pipelines.progress import Progress
-from storage import Store
+from pipelines.tracking import Tracker, TrackerError, open_tracker
+from storage import MetricRow, Store
 
 
 class RunError(Exception):
@@ -66,6 +71,7 @@ class StageContext:
     stage: str
     shard: str
     round: int  # the stage's run.iterations round: 1, or k for search@k ... eval@k
+    tracker: Tracker = field(default_factory=Tracker)  # run.report_to's trackers
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -78,6 +84,12 @@ class StageContext:
         """Mark the stage done. Call it inside the transaction that commits the last outputs,
         so a crash leaves either both or neither."""
         self.store.mark_stage_done(self.stage, self.shard, stats)
+
+    def log_metrics(self, series: str, step: int, metrics: dict) -> None:
+        """Store one optimizer step's metrics of `series` (the report's curves) and send them
+        to run.report_to's trackers."""
+        self.store.insert_metrics([MetricRow(series, step, metrics)], self.stage)
+        self.tracker.log_step(self.stage, series, step, metrics)
 
 
 def plan(stages: Sequence[Stage], until: str | None, only: str | None) -> list[Stage]:
@@ -116,18 +128,29 @@ def run(
         os.replace(tmp, run_dir / "config.yaml")
         store.record_run(cfg.to_dict())
         progress = Progress(run_dir)
-        results, sharded, ran = {}, False, False
-        for s in todo:
-            sharded = sharded or s.shard(cfg) not in ("", "0/1")
-            if sharded and s.shard(cfg) == "":
-                print(f"stage {s.name}: needs every shard's results; skipped in a shard run "
-                      "(merge the shards, then run on the merged directory)", flush=True)
-                results[s.name] = {"status": "held"}
-                continue
-            results[s.name] = _run_stage(s, cfg, run_dir, store, progress,
-                                         redo=ran and not s.sections)
-            ran = ran or results[s.name]["status"] == "done"
+        try:
+            tracker = open_tracker(cfg.run.report_to, cfg.to_dict(), run_dir, store.run_id)
+        except TrackerError as e:
+            raise RunError(str(e)) from None
+        with tracker:
+            results = _run_stages(todo, cfg, run_dir, store, progress, tracker)
         progress.status("finished")
+    return results
+
+
+def _run_stages(todo: Sequence[Stage], cfg: RunConfig, run_dir: Path, store: Store,
+                progress: Progress, tracker: Tracker) -> dict[str, dict]:
+    results, sharded, ran = {}, False, False
+    for s in todo:
+        sharded = sharded or s.shard(cfg) not in ("", "0/1")
+        if sharded and s.shard(cfg) == "":
+            print(f"stage {s.name}: needs every shard's results; skipped in a shard run "
+                  "(merge the shards, then run on the merged directory)", flush=True)
+            results[s.name] = {"status": "held"}
+            continue
+        results[s.name] = _run_stage(s, cfg, run_dir, store, progress, tracker,
+                                     redo=ran and not s.sections)
+        ran = ran or results[s.name]["status"] == "done"
     return results
 
 
@@ -140,13 +163,14 @@ def _check_extras(cfg: RunConfig, todo: Sequence[Stage]) -> None:
             need.add("matplotlib")
         if s.name in ("train", f"train@{s.round}") and cfg.train.quantization == "4bit":
             need.add("bitsandbytes")
+    need.update(cfg.run.report_to)  # each tracker's module is named as the tracker
     errors = [e for module in sorted(need) if (e := missing(module))]
     if errors:
         raise RunError("; ".join(errors))
 
 
 def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progress: Progress,
-               redo: bool = False):
+               tracker: Tracker, redo: bool = False):
     shard = stage.shard(cfg)
     label = stage.name + (f" [shard {shard}]" if shard else "")
     row = store.stage(stage.name, shard)
@@ -159,7 +183,7 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
     print(f"stage {label}: {verb}", flush=True)
     store.start_stage(stage.name, shard, stage.hash(cfg), stage.hashed(cfg))
     progress.start(stage.name, shard)
-    ctx = StageContext(cfg, run_dir, store, progress, stage.name, shard, stage.round)
+    ctx = StageContext(cfg, run_dir, store, progress, stage.name, shard, stage.round, tracker)
     start = time.perf_counter()
     try:
         stats = stage.fn(ctx)
@@ -173,6 +197,7 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
         raise RuntimeError(f"stage {stage.name!r} returned without calling ctx.mark_done(stats) "
                            "in the transaction of its last outputs")
     progress.status("done")
+    tracker.log_stats(stage.name, stage.round, stats)
     print(f"stage {label}: done in {seconds:.1f}s; stats: {stats}", flush=True)
     return {"status": "done", "stats": stats, "seconds": seconds}
 
@@ -204,11 +229,15 @@ def _fill(stored: dict, defaults: dict) -> dict:
 
 def renamed(stored: dict) -> dict:
     """A stored config with values renamed since read as their new names: search.critic
-    `logprob` is `frozen` (issue 23), as SearchConfig reads it."""
+    `logprob` is `frozen` (issue 23), as SearchConfig reads it; train.report_to, which
+    moved to run.report_to (not hashed: where figures go changes no result), is dropped."""
     out = dict(stored)
     search = out.get("search")
     if isinstance(search, dict) and search.get("critic") == "logprob":
         out["search"] = {**search, "critic": "frozen"}
+    train = out.get("train")
+    if isinstance(train, dict) and "report_to" in train:
+        out["train"] = {k: v for k, v in train.items() if k != "report_to"}
     return out
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from offline_agent.policy.hf import HFPolicy
 from offline_agent.rollout import run_episodes
@@ -149,7 +150,8 @@ def metrics(run_dir: Path) -> dict[int, dict]:
 
 def test_the_stage_records_metrics_and_its_adapter_which_eval_then_plays(pick_model_dir,
                                                                          tmp_path):
-    cfg = RunConfig.from_dict(grpo_config(pick_model_dir, steps=2))
+    cfg = RunConfig.from_dict({**grpo_config(pick_model_dir, steps=2),
+                               "run": {"report_to": ["tensorboard"]}})
     stats = run(cfg, tmp_path / "r", GRPO)["grpo"]["stats"]
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
         assert store.checkpoint("grpo", "", "grpo/final") == stats
@@ -158,6 +160,11 @@ def test_the_stage_records_metrics_and_its_adapter_which_eval_then_plays(pick_mo
     assert sorted(data) == [1, 2]
     assert {"reward_mean", "success", "kl", "clip_fraction", "entropy", "tied_groups",
             "resampled_groups", "rollout_tokens_per_s", "update_tokens_per_s"} <= set(data[1])
+    events = EventAccumulator(str(tmp_path / "r" / "tensorboard"))  # run.report_to
+    events.Reload()
+    for key in ("reward_mean", "kl", "clip_fraction", "entropy"):
+        logged = {e.step: e.value for e in events.Scalars(f"grpo/grpo/{key}")}
+        assert logged == pytest.approx({step: data[step][key] for step in (1, 2)}, abs=1e-6)
     assert run(cfg, tmp_path / "r", GRPO)["grpo"]["status"] == "skipped"
 
 

@@ -48,8 +48,6 @@ class TrainConfig:
     select: str = _f("last", "a policy's final adapter: last (its last step's) or val (the "
                              "checkpoint best on the validation tasks; changes what eval plays)")
     seed: int = _f(0, "seed of data order, pair sampling, LoRA init and dropout")
-    report_to: str = _f("none", "none, or tensorboard: also log metrics under "
-                                "RUN_DIR/checkpoints/train/<policy>/tb")
     merge: bool = _f(False, "also write the merged full model to "
                             "RUN_DIR/checkpoints/train/<policy>/merged")
 
@@ -64,7 +62,6 @@ class TrainConfig:
             raise ValueError(f"train.policies lists a policy twice: {self.policies}")
         checks = {"loss": (self.loss, LOSSES), "quantization": (self.quantization, ("none", "4bit")),
                   "dtype": (self.dtype, ("auto", "float32", "bfloat16")),
-                  "report_to": (self.report_to, ("none", "tensorboard")),
                   "select": (self.select, ("last", "val"))}
         for name, (value, allowed) in checks.items():
             if value not in allowed:

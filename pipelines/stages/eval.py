@@ -92,7 +92,7 @@ def _stats(store, eval_cfg, policies, modes, searched: dict[str, dict]) -> dict:
                                 eval_cfg)
             key = name if mode == MODE else f"{name}+{mode}"
             stats[key] = {k: summary[k] for k in ("n_tasks", "success_rate", "ci95",
-                                                  "mean_reward")}
+                                                  "mean_reward", "mean_reward_ci95")}
             if mode == MCTS_MODE and name in searched:
                 stats[key]["search"] = searched[name]
     return stats

@@ -3,11 +3,12 @@
 Starts from the final adapter of grpo.init (a policy the train stage finished; base: a fresh
 adapter), samples groups on the train tasks and updates the adapter online
 (offline_agent/training/grpo_train.py). Every step's metrics land in the metrics table
-(series "grpo"); a step checkpoint (adapter, optimizer, scheduler, RNG) is recorded under
-"grpo" and an interrupted stage resumes from it with the same next rollouts; the final
-adapter under "grpo/final", which the eval stage plays as policy "grpo". With grpo.select: val
-the step checkpoints are kept and the one best on the validation tasks becomes that final
-adapter (pipelines/stages/select.py, as train.select), so the step count is chosen there.
+(series "grpo") and in run.report_to's trackers; a step checkpoint (adapter, optimizer,
+scheduler, RNG) is recorded under "grpo" and an interrupted stage resumes from it with the
+same next rollouts; the final adapter under "grpo/final", which the eval stage plays as
+policy "grpo". With grpo.select: val the step checkpoints are kept and the one best on the
+validation tasks becomes that final adapter (as train.select), so the step count is chosen
+there.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from pathlib import Path
 from pipelines.config import make_env
 from pipelines.runner import RunError, StageContext
 from pipelines.stages.select import keep_candidate, select_checkpoint
-from storage import MetricRow
 
 POLICY = "grpo"
 
@@ -55,7 +55,7 @@ def _train(ctx: StageContext) -> dict:
     saved = store.checkpoint(ctx.stage, ctx.shard, POLICY)
 
     def on_metrics(step: int, metrics: dict) -> None:
-        store.insert_metrics([MetricRow(POLICY, step, metrics)], ctx.stage)
+        ctx.log_metrics(POLICY, step, metrics)
         ctx.progress.update(policy=POLICY, step=step, reward=round(metrics["reward_mean"], 3))
 
     def on_checkpoint(step: int, path: Path) -> None:

@@ -2,7 +2,8 @@
 
 Per policy: a finished one (checkpoint key "<policy>/final" in the store) is skipped; an
 interrupted one resumes from the step checkpoint the store records under "<policy>". Every
-optimizer step's metrics land in the store's metrics table (series = policy) as it ends.
+optimizer step's metrics land in the store's metrics table (series = policy) as it ends,
+and in run.report_to's trackers.
 Round k's train stage (train@k) trains on mine@k's data, on top of round k's model
 (pipelines/rounds.py). With train.select: val, each policy's final adapter is then its best
 checkpoint on the validation tasks (pipelines/stages/select.py). That final adapter is then
@@ -22,7 +23,7 @@ from pipelines.report_table import HELD_OUT
 from pipelines.rounds import ITERATE, round_model, round_name
 from pipelines.runner import StageContext
 from pipelines.stages.select import keep_candidate, select_checkpoint
-from storage import MetricRow, Store
+from storage import Store
 
 # policy -> the pair kinds it trains on (rft trains on examples instead)
 PAIR_KINDS = {"dpo_outcome": ("trajectory",), "dpo_step": ("step",),
@@ -97,13 +98,10 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
     cfg, store = ctx.cfg, ctx.store
     folder = ctx.checkpoint_dir / policy
     saved = store.checkpoint(ctx.stage, ctx.shard, policy)
-    writer = _tensorboard(folder) if cfg.train.report_to == "tensorboard" else None
 
     def on_metrics(step: int, metrics: dict) -> None:
-        store.insert_metrics([MetricRow(policy, step, metrics)], ctx.stage)
+        ctx.log_metrics(policy, step, metrics)
         ctx.progress.update(policy=policy, step=step, loss=round(metrics["loss"], 4))
-        for name, value in (metrics.items() if writer else ()):
-            writer.add_scalar(f"{policy}/{name}", value, step)
 
     def on_checkpoint(step: int, path: Path) -> None:
         if cfg.train.select == "val":  # kept before the store points past it
@@ -117,8 +115,6 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
                          provenance=provenance(cfg, store, ctx.round),
                          on_metrics=on_metrics,
                          on_checkpoint=on_checkpoint)
-    if writer:
-        writer.close()
     final = {"folder": _in_run(ctx, folder / "final"), "step": metrics["step"],
              "items": metrics["items"], "loss": round(metrics["loss"], 4),
              "trained_tokens": metrics["action_tokens"], "agent_tokens": metrics["agent_tokens"]}
@@ -162,11 +158,3 @@ def _in_run(ctx: StageContext, path: Path) -> str:
     can move (or be read from another working directory) and its records still hold."""
     return str(path.relative_to(ctx.run_dir))
 
-
-def _tensorboard(folder: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise RuntimeError("train.report_to=tensorboard needs the tensorboard package: "
-                           "pip install tensorboard") from None
-    return SummaryWriter(str(folder / "tb"))
