@@ -25,8 +25,8 @@ from pathlib import Path
 
 from _counters import Watch
 
-from offline_agent.critic.learned import LearnedCritic
-from offline_agent.critic.value_model import resolve_device
+from offline_agent.value.learned_critic import LearnedCritic
+from offline_agent.value.value_model import resolve_device
 from offline_agent.search.concordance import concordance
 from offline_agent.search.critic import Critic
 from offline_agent.search.mcts import Tree

@@ -19,8 +19,8 @@ import json
 import time
 from pathlib import Path
 
-from offline_agent.critic.learned import LearnedCritic
-from offline_agent.critic.value_model import resolve_device
+from offline_agent.value.learned_critic import LearnedCritic
+from offline_agent.value.value_model import resolve_device
 from offline_agent.evaluation import (
     BASE,
     VAL,

@@ -23,7 +23,7 @@ import yaml
 
 from offline_agent.config_fields import HELP, is_hashed
 from offline_agent.config_fields import config_field as _f
-from offline_agent.critic.config import CriticConfig
+from offline_agent.value.config import CriticConfig
 from offline_agent.envs.base import BUILTIN_ENVS, Env, load_env
 from offline_agent.evaluation import EvalConfig
 from offline_agent.mining.config import MineConfig

@@ -1,6 +1,6 @@
 """Stage `critic`: fit the learned value critic on the stored trees (search.critic: learned),
 their children's returns and the rewards of the listed endings at their states (read on the
-stored snapshots: offline_agent/critic/endings.py).
+stored snapshots: offline_agent/value/endings.py).
 
 It runs between search and mine because mining reads it: with search.critic learned, eq. 10's
 Q_critic of every stored child is the fitted V(state, action), not the frozen critic's stored
@@ -54,8 +54,8 @@ def fitted_folder(store: Store, run_dir: Path, r: int) -> Path | None:
 def load_learned(ctx: StageContext, r: int):
     """The value model critic@r fitted, ready to score (search in round r + 1, eval.mcts in
     round r); a RunError where it fitted none."""
-    from offline_agent.critic.learned import LearnedCritic
-    from offline_agent.critic.value_model import resolve_device
+    from offline_agent.value.learned_critic import LearnedCritic
+    from offline_agent.value.value_model import resolve_device
 
     return LearnedCritic.load(_fitted(ctx.store, ctx.run_dir, r), make_env(ctx.cfg),
                               resolve_device(ctx.cfg.model.device), ctx.cfg.critic.pack_tokens)
@@ -84,9 +84,9 @@ def stored_trees(store: Store, r: int) -> list[tuple[str, list[NodeRow]]]:
 
 
 def _fit(ctx: StageContext) -> dict:
-    from offline_agent.critic import value_model
-    from offline_agent.critic.endings import stored_endings
-    from offline_agent.critic.fit import encode_tree, fit, predict
+    from offline_agent.value import value_model
+    from offline_agent.value.endings import stored_endings
+    from offline_agent.value.fit import encode_tree, fit, predict
     from offline_agent.training.checkpoint import write_atomic
 
     cfg, store = ctx.cfg, ctx.store

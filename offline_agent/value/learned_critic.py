@@ -20,8 +20,8 @@ import hashlib
 from array import array
 from pathlib import Path
 
-from offline_agent.critic import value_model
-from offline_agent.critic.value_model import ValueModel, encode_actions, state_prompt
+from offline_agent.value import value_model
+from offline_agent.value.value_model import ValueModel, encode_actions, state_prompt
 from offline_agent.envs.base import Env
 from offline_agent.search.requests import Critique
 
