@@ -27,12 +27,12 @@ from dataclasses import replace
 from itertools import combinations, product
 from pathlib import Path
 
+from offline_agent.search.concordance import Counts, concordance
 from offline_agent.value import value_model
 from offline_agent.value.config import CriticConfig
 from offline_agent.value.endings import stored_endings
 from offline_agent.value.fit import encode_tree, fit
 from offline_agent.value.targets import seeded_order
-from offline_agent.search.concordance import Counts, concordance
 from pipelines.config import RunConfig, make_env
 from pipelines.stages.critic import stored_trees
 from storage import Store

@@ -40,7 +40,7 @@ from offline_agent.policy.attention import NAME
 from offline_agent.policy.base import encode_prompt
 from offline_agent.policy.kv_buffer import HEADROOM
 from offline_agent.search.config import SearchConfig
-from offline_agent.search.critic import Critic
+from offline_agent.search.frozen_critic import FrozenCritic
 from offline_agent.search.mcts import Tree
 from offline_agent.search.searcher import Searcher
 
@@ -307,7 +307,7 @@ def main() -> None:
     bench = SideBySide(policy)
     trees = [Tree.new(t, make_env()) for t in make_env().tasks("train", args.tasks)]
     start = time.perf_counter()
-    Searcher(policy, make_env, cfg, Critic(policy, make_env())).run(trees, lambda _: None,
+    Searcher(policy, make_env, cfg, FrozenCritic(policy, make_env())).run(trees, lambda _: None,
                                                                     progress=False)
     report(bench, time.perf_counter() - start)
     if args.blocks:

@@ -23,7 +23,6 @@ import yaml
 
 from offline_agent.config_fields import HELP, is_hashed
 from offline_agent.config_fields import config_field as _f
-from offline_agent.value.config import CriticConfig
 from offline_agent.envs.base import BUILTIN_ENVS, Env, load_env
 from offline_agent.evaluation import EvalConfig
 from offline_agent.mining.config import MineConfig
@@ -31,6 +30,7 @@ from offline_agent.policy.models import DEFAULT_MODEL
 from offline_agent.search.config import SearchConfig
 from offline_agent.training.config import TrainConfig
 from offline_agent.training.grpo_config import GRPOConfig
+from offline_agent.value.config import CriticConfig
 
 
 class ConfigError(ValueError):

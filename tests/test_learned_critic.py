@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from offline_agent.value.config import CriticConfig
-from offline_agent.value.targets import Target, families, split_tasks, target, weighted_mse
 from offline_agent.mining.config import MineConfig
 from offline_agent.mining.pairs import step_pairs, step_params
 from offline_agent.search.requests import Critique
 from offline_agent.types import Step, Task
+from offline_agent.value.config import CriticConfig
+from offline_agent.value.targets import Target, families, split_tasks, target, weighted_mse
 from pipelines.config import ConfigError, RunConfig
 from storage import Store, make_node_id, select_step_pairs, step_pair_inputs
 from tests.rows import node_row as node
@@ -62,8 +62,8 @@ def test_endings_join_their_state_s_family_unless_a_terminal_child_took_them():
 
 
 def test_stored_endings_are_the_env_s_rewards_of_ending_at_each_stored_state():
-    from offline_agent.value.endings import stored_endings
     from offline_agent.envs.base import load_env
+    from offline_agent.value.endings import stored_endings
 
     env = load_env("minishop", max_steps=8)
     task = env.tasks("train", 1)[0]
@@ -408,9 +408,9 @@ def test_the_critic_stage_is_a_noop_unless_learned(tmp_path, tiny_model_dir):
 def test_search_takes_the_critic_search_critic_names(tmp_path, tiny_model_dir):
     """Round 1: the frozen critic (no trees yet) even when learned; round 2: the value model
     critic@1 fitted; none: no critic."""
+    from offline_agent.search.frozen_critic import FrozenCritic
     from offline_agent.value import value_model
     from offline_agent.value.learned_critic import LearnedCritic
-    from offline_agent.search.critic import Critic
     from pipelines.stages.critic import FINAL
     from pipelines.stages.search import make_critic
 
@@ -425,9 +425,9 @@ def test_search_takes_the_critic_search_critic_names(tmp_path, tiny_model_dir):
             return SimpleNamespace(cfg=cfg, store=store, run_dir=tmp_path, round=r)
 
         policy = SimpleNamespace()
-        assert isinstance(make_critic(ctx("learned", 1), policy), Critic)
+        assert isinstance(make_critic(ctx("learned", 1), policy), FrozenCritic)
         assert isinstance(make_critic(ctx("learned", 2), policy), LearnedCritic)
-        assert isinstance(make_critic(ctx("frozen", 2), policy), Critic)
+        assert isinstance(make_critic(ctx("frozen", 2), policy), FrozenCritic)
         assert make_critic(ctx("none", 2), policy) is None
 
 

@@ -16,6 +16,9 @@ from typing import Protocol
 
 import torch
 
+from offline_agent.mining.build import StoredNode, path_steps
+from offline_agent.training.logprobs import Encoded, groups
+from offline_agent.types import Message, Task
 from offline_agent.value.config import CriticConfig
 from offline_agent.value.targets import Target, families, split_tasks
 from offline_agent.value.value_model import (
@@ -25,9 +28,6 @@ from offline_agent.value.value_model import (
     state_prompt,
     values_of,
 )
-from offline_agent.mining.build import StoredNode, path_steps
-from offline_agent.training.logprobs import Encoded, groups
-from offline_agent.types import Message, Task
 
 
 class TreeNode(StoredNode, Protocol):

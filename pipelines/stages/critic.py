@@ -84,10 +84,10 @@ def stored_trees(store: Store, r: int) -> list[tuple[str, list[NodeRow]]]:
 
 
 def _fit(ctx: StageContext) -> dict:
+    from offline_agent.training.checkpoint import write_atomic
     from offline_agent.value import value_model
     from offline_agent.value.endings import stored_endings
     from offline_agent.value.fit import encode_tree, fit, predict
-    from offline_agent.training.checkpoint import write_atomic
 
     cfg, store = ctx.cfg, ctx.store
     trees = stored_trees(store, ctx.round)

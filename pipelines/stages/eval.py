@@ -101,10 +101,10 @@ def inference_critic(ctx: StageContext, policy, env):
     """The critic search at inference values leaves with: with search.critic learned, the
     value model this round's critic stage fitted on the train tasks' trees; else the frozen
     critic (the policy scoring its own candidates)."""
-    from offline_agent.search.critic import Critic
+    from offline_agent.search.frozen_critic import FrozenCritic
 
     if ctx.cfg.search.critic != "learned":
-        return Critic(policy, env)
+        return FrozenCritic(policy, env)
     from pipelines.stages.critic import load_learned
 
     return load_learned(ctx, ctx.round)

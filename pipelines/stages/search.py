@@ -67,17 +67,17 @@ class TreeWriter:
 
 
 def make_critic(ctx: StageContext, policy):
-    """The critic search.critic names: the frozen Critic on the policy, round k's learned one
+    """The critic search.critic names: FrozenCritic on the policy, round k's learned one
     (fitted by critic@(k-1) on the trees so far; round 1 has none and uses the frozen), or
     None."""
-    from offline_agent.search.critic import Critic
+    from offline_agent.search.frozen_critic import FrozenCritic
 
     cfg = ctx.cfg
     if cfg.search.critic == "none":
         return None
     if cfg.search.critic == "learned" and ctx.round > 1:
         return load_learned(ctx, ctx.round - 1)
-    return Critic(policy, make_env(cfg))
+    return FrozenCritic(policy, make_env(cfg))
 
 
 def run_search(ctx: StageContext) -> dict:
