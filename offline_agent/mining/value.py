@@ -1,6 +1,6 @@
 """A stored child's value Q for step-pair mining: Agent Q's eq. 10, the one definition.
 
-The SQL pass (storage/mining.py, `valued` CTE) computes this same expression over every node
+The SQL pass (storage/step_pairs.py, `valued` CTE) computes this same expression over every node
 at once; tests/test_mining.py checks the two agree row for row (the Python oracle calls this).
 
     terminal child:     Q = its env reward (0 if none was recorded)

@@ -2,7 +2,7 @@
 
 The stage reads what round k mines from the store and hands it to one library call,
 offline_agent.mining.mine.mine: the step pairs mined and balanced in one SQL pass over every
-node (storage/mining.py) with the nodes of their trees, and the stored episodes (search
+node (storage/step_pairs.py) with the nodes of their trees, and the stored episodes (search
 rollouts and greedy baseline) of the train tasks. Its pairs and examples land in one
 transaction with the stage's done mark; `--force` after a change of `mine.*` re-mines from
 the stored trees without searching again.
