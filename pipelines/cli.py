@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from offline_agent.envs.base import EnvStateError
-from offline_agent.extras import MissingExtra, require
+from offline_agent.optional_deps import MissingExtra, require
 from pipelines.config import ConfigError, RunConfig, help_lines, make_env
 from pipelines.export import ExportError
 from pipelines.progress import ProgressError, read_progress
