@@ -28,7 +28,7 @@ from offline_agent.mining.config import MineConfig
 from offline_agent.policy.models import DEFAULT_MODEL
 from offline_agent.search.config import SearchConfig
 from offline_agent.training.config import TrainConfig
-from offline_agent.training.grpo_config import GRPOConfig
+from offline_agent.training.grpo.config import GRPOConfig
 from offline_agent.value.config import CriticConfig
 
 

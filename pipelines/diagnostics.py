@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from offline_agent.evaluation import TEST
-from offline_agent.training.grpo_config import GRPOConfig
+from offline_agent.training.grpo.config import GRPOConfig
 from pipelines.rounds import trained_policies
 from storage import EvalEpisodeRow, Store
 

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from offline_agent.training.grpo import (
+from offline_agent.training.grpo.config import GRPOConfig
+from offline_agent.training.grpo.objective import (
     EpisodeSteps,
     combined_advantages,
     discounted_returns,
@@ -22,7 +23,6 @@ from offline_agent.training.grpo import (
     tied_groups,
     token_loss,
 )
-from offline_agent.training.grpo_config import GRPOConfig
 
 S3 = 1 / math.sqrt(3)
 CLIP = {"epsilon": 0.2, "epsilon_high": 0.28}

@@ -15,10 +15,10 @@ import torch
 from offline_agent.policy.hf import HFPolicy
 from offline_agent.rollout import run_episodes
 from offline_agent.training.config import TrainConfig
-from offline_agent.training.grpo_config import GRPOConfig
-from offline_agent.training.grpo_rollouts import member_seeds, sample_groups
-from offline_agent.training.grpo_train import train_grpo
-from offline_agent.training.grpo_update import make_batch, rewards, turn_advantages, update
+from offline_agent.training.grpo.config import GRPOConfig
+from offline_agent.training.grpo.rollouts import member_seeds, sample_groups
+from offline_agent.training.grpo.train import train_grpo
+from offline_agent.training.grpo.update import make_batch, rewards, turn_advantages, update
 from offline_agent.training.model import add_lora
 from pipelines.config import RunConfig
 from pipelines.runner import run
@@ -172,7 +172,7 @@ def test_resume_after_sigkill_samples_the_same_next_rollouts_with_the_same_loss(
     settings = grpo_config(pick_model_dir, steps=4)
     script = ("import json, os, signal, sys\nfrom pipelines.config import RunConfig\n"
               "from pipelines.runner import run\nfrom pipelines.stages import STAGES\n"
-              "from offline_agent.training import grpo_train\n"
+              "from offline_agent.training.grpo import train as grpo_train\n"
               "grpo_train.after_step = lambda step: step == 3 and os.kill(os.getpid(), "
               "signal.SIGKILL)\n"
               "run(RunConfig.from_dict(json.loads(sys.argv[1])), sys.argv[2], "
@@ -199,7 +199,7 @@ def test_on_vllm_each_step_serves_the_adapter_just_updated_under_a_new_id(
     """The vLLM path (against the fake module; vLLM needs a GPU): before each step's
     rollouts the adapter is saved and requested under a new LoRA id, so a stale adapter
     cannot be served; the rollouts train like the hf path's."""
-    from offline_agent.training.grpo_train import rollout_policy
+    from offline_agent.training.grpo.train import rollout_policy
     from tests.pick_env import NAMES
 
     model, _ = setup(tokenizer)  # first: peft imports bitsandbytes, which the fake's cuda confuses

@@ -28,7 +28,7 @@ from offline_agent.chat import encode_prompt_completion
 from offline_agent.types import Message
 
 from . import trie_attention
-from .grpo import masked_logprobs
+from .grpo.objective import masked_logprobs
 
 
 @dataclass

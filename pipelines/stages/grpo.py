@@ -2,7 +2,7 @@
 
 Starts from the final adapter of grpo.init (a policy the train stage finished; base: a fresh
 adapter), samples groups on the train tasks and updates the adapter online
-(offline_agent/training/grpo_train.py). Every step's metrics land in the metrics table
+(offline_agent/training/grpo/train.py). Every step's metrics land in the metrics table
 (series "grpo"); a step checkpoint (adapter, optimizer, scheduler, RNG) is recorded under
 "grpo" and an interrupted stage resumes from it with the same next rollouts; the final
 adapter under "grpo/final", which the eval stage plays as policy "grpo".
@@ -43,7 +43,7 @@ def run_grpo(ctx: StageContext) -> dict:
 
 
 def _train(ctx: StageContext) -> dict:
-    from offline_agent.training.grpo_train import fit_grpo
+    from offline_agent.training.grpo.train import fit_grpo
 
     cfg, store = ctx.cfg, ctx.store
     folder = ctx.checkpoint_dir / POLICY

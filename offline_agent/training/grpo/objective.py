@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from offline_agent.training.grpo_config import LOSS_TYPES, SCALES, GRPOConfig
+from offline_agent.training.grpo.config import LOSS_TYPES, SCALES, GRPOConfig
 
 
 def tied_groups(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:

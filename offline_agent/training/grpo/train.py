@@ -4,7 +4,7 @@ Rollouts run on the weights just updated. On the hf backend the policy is the tr
 model itself (HFPolicy wraps the PEFT model as it is, no reload); its prefix cache is cleared
 after each update, since the KV it holds was computed by the old weights. On vLLM (GPU) the
 adapter is saved after each update and served under a new LoRA id (`HFSync`, `VLLMSync`). Which tasks and seeds step s samples is a function of (seed, s) alone
-(`step_tasks`, grpo_rollouts.member_seeds), so a run resumed from the checkpoint of step s
+(`step_tasks`, rollouts.member_seeds), so a run resumed from the checkpoint of step s
 samples the same next rollouts as the uninterrupted run, and with the restored adapter,
 optimizer and RNG computes the same next loss.
 """
@@ -22,12 +22,12 @@ import torch
 from offline_agent.envs.base import Env
 from offline_agent.types import Task
 
-from . import checkpoint
-from .grpo import tied_groups
-from .grpo_config import GRPOConfig
-from .grpo_rollouts import Rollout, member_seeds, sample_groups
-from .grpo_update import make_batch, rewards, turn_advantages, update
-from .trainer import data_order
+from .. import checkpoint
+from ..trainer import data_order
+from .config import GRPOConfig
+from .objective import tied_groups
+from .rollouts import Rollout, member_seeds, sample_groups
+from .update import make_batch, rewards, turn_advantages, update
 
 
 def after_step(step: int) -> None:
@@ -157,7 +157,7 @@ def fit_grpo(model_id: str, init: str | None, make_env: Callable[[], Env], tasks
     only), and run train_grpo."""
     from offline_agent.policy.adapters import import_peft
 
-    from .model import add_lora, load_base
+    from ..model import add_lora, load_base
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_base(model_id, train_cfg, device, base_adapter)

@@ -1,5 +1,5 @@
 """GRPO settings (the planned `grpo` stage, docs/training.md). Lives beside the trainers so
-`offline_agent` never imports `pipelines`; the pure parts they configure are in grpo.py."""
+`offline_agent` never imports `pipelines`; the pure parts they configure are in objective.py."""
 
 from __future__ import annotations
 
