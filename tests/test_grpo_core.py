@@ -15,7 +15,6 @@ from offline_agent.training.grpo.objective import (
     combined_advantages,
     discounted_returns,
     episode_advantages,
-    masked_logprobs,
     shaped_rewards,
     state_hash,
     step_advantages,
@@ -23,6 +22,7 @@ from offline_agent.training.grpo.objective import (
     tied_groups,
     token_loss,
 )
+from offline_agent.training.logprobs import masked_logprobs
 
 S3 = 1 / math.sqrt(3)
 CLIP = {"epsilon": 0.2, "epsilon_high": 0.28}
