@@ -117,7 +117,7 @@ def comparisons(store: Store, cfg: EvalConfig) -> list[dict]:
 
 def checkpoint_selection(store: Store) -> dict[str, dict]:
     """{policy: which checkpoint train.select=val chose and why, with every candidate's
-    validation score} for each trained policy selected that way (pipelines/stages/select.py)."""
+    validation score} for each trained policy selected that way (pipelines/selection.py)."""
     return {name: final["selected"] for name, final in trained_policies(store).items()
             if "selected" in final}
 

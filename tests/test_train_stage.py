@@ -232,7 +232,7 @@ def test_select_val_needs_validation_tasks():
 
 
 def test_choose_prefers_success_then_reward_then_the_later_step():
-    from pipelines.stages.select import choose, reason
+    from pipelines.selection import choose, reason
 
     def score(step, success, reward):
         return {"step": step, "success_rate": success, "mean_reward": reward, "n_tasks": 8}

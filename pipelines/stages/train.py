@@ -5,7 +5,7 @@ interrupted one resumes from the step checkpoint the store records under "<polic
 optimizer step's metrics land in the store's metrics table (series = policy) as it ends.
 Round k's train stage (train@k) trains on mine@k's data, on top of round k's model
 (pipelines/rounds.py). With train.select: val, each policy's final adapter is then its best
-checkpoint on the validation tasks (pipelines/stages/select.py). That final adapter is then
+checkpoint on the validation tasks (pipelines/selection.py). That final adapter is then
 scored on the mined pairs its seeded sample (train.max_pairs) left out, recorded under
 "held_out" in the same record (offline_agent/training/heldout.py; n 0 when it took them all).
 """
@@ -21,7 +21,7 @@ from pipelines.config import RunConfig
 from pipelines.report_table import HELD_OUT
 from pipelines.rounds import ITERATE, round_model, round_name
 from pipelines.runner import StageContext
-from pipelines.stages.select import keep_candidate, select_checkpoint
+from pipelines.selection import keep_candidate, select_checkpoint
 from storage import MetricRow, Store
 
 # policy -> the pair kinds it trains on (rft trains on examples instead)
