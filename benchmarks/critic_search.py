@@ -31,8 +31,8 @@ from offline_agent.search.mcts import Tree
 from offline_agent.search.searcher import Searcher
 from offline_agent.value.learned_critic import LearnedCritic
 from offline_agent.value.value_model import resolve_device
+from pipelines.artifacts import fitted_folder
 from pipelines.config import RunConfig, make_env
-from pipelines.stages.critic import fitted_folder
 from storage import Store
 
 

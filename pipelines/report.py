@@ -19,10 +19,10 @@ from pathlib import Path
 
 from offline_agent.evaluation import BASE, MODE, TEST, Episode, EvalConfig, compare, summarize
 from offline_agent.search.concordance import concordance
+from pipelines.artifacts import CONCORDANCE, FROZEN, HELD_OUT, trained_policies
 from pipelines.diagnostics import diagnose
 from pipelines.report_html import render
-from pipelines.report_table import CONCORDANCE, FROZEN, HELD_OUT
-from pipelines.rounds import round_name, stored_rounds, trained_policies
+from pipelines.rounds import round_name, stored_rounds
 from pipelines.transcripts import transcripts
 from storage import Store
 

@@ -8,10 +8,7 @@ An entry is one of report.json's `policies` (pipelines/report.py `policy_results
 from __future__ import annotations
 
 from offline_agent.evaluation import BASE
-
-# a trained policy's final record's key (pipelines/stages/train.py) and its report entry's:
-# its pair accuracy on the mined pairs its training sample left out
-HELD_OUT = "held_out"
+from pipelines.artifacts import HELD_OUT
 
 
 def _pct(value: float | None, ci: list[float] | None, signed: bool = False) -> str:
@@ -141,9 +138,6 @@ def paired_test_rows(report: dict) -> list[list[str]]:
 
 
 # ---- critic concordance (offline_agent/search/concordance.py) -------------------------------
-CONCORDANCE = "critic_concordance"  # its key in a search stage's stats and in report.json
-FROZEN = "frozen_critic_concordance"  # the critic stage's: the frozen critic on its held-out trees
-
 CONCORDANCE_COLUMNS = ["pairs", "concordance", "n", "concordant", "discordant",
                        "tied Q", "tied score", "tied both"]
 

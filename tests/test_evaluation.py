@@ -343,8 +343,8 @@ def test_search_at_inference_takes_the_learned_critic_only_where_one_was_fitted(
 
     from offline_agent.envs.base import load_env
     from offline_agent.search.frozen_critic import FrozenCritic
+    from pipelines.play import inference_critic
     from pipelines.runner import RunError
-    from pipelines.stages.eval import inference_critic
 
     env = load_env("minishop", seed=0, max_steps=3)
     with Store(tmp_path / "store.duckdb") as store:

@@ -228,3 +228,19 @@ def test_the_policy_package_never_imports_envs():
     bad = [e for m, edges in import_graph().items() if m.startswith("offline_agent.policy")
            for e in edges if e.target.startswith("offline_agent.envs")]
     assert not bad, "offline_agent.policy imports envs:\n" + describe(bad)
+
+
+STAGES_PACKAGE = "pipelines.stages"
+
+
+def test_no_stage_module_imports_another():
+    """A stage reads what earlier stages stored through pipelines/artifacts.py (and what it
+    writes for later ones goes by that module's keys), never through another stage's module:
+    a walk from the CLI into one stage and back never crosses into another. The package's
+    `__init__`, which lists the pipeline, is the one module that names every stage."""
+    graph = import_graph()
+    stage_modules = {m for m in graph if m.startswith(STAGES_PACKAGE + ".")}
+    assert {"pipelines.stages.search", "pipelines.stages.train"} <= stage_modules
+    bad = [e for m in sorted(stage_modules) for e in graph[m]
+           if e.target != m and (e.target in stage_modules or e.target == STAGES_PACKAGE)]
+    assert not bad, "stage modules import each other:\n" + describe(bad)

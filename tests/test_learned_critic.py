@@ -345,17 +345,16 @@ def run_until(tmp_path, model: str, stage: str, critic: str = "learned") -> int:
 def test_the_critic_stage_fits_records_feeds_mining_and_resumes(tmp_path, tiny_model_dir,
                                                                 monkeypatch, capsys):
     from offline_agent.value import endings as endings_module
-    from pipelines.report_table import CONCORDANCE, FROZEN
-    from pipelines.stages import critic as stage
+    from pipelines.artifacts import CONCORDANCE, CRITIC, FROZEN, learned_values
 
     endings, read = [], endings_module.stored_endings
     monkeypatch.setattr(endings_module, "stored_endings",
                         lambda env, nodes: endings.append(read(env, nodes)) or endings[-1])
     assert run_until(tmp_path, tiny_model_dir, "mine") == 0
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
-        final = s.checkpoint("critic", "", stage.FINAL)
+        final = s.checkpoint("critic", "", CRITIC)
         stats = s.stage("critic").stats
-        values = stage.learned_values(s, tmp_path / "r", 1)
+        values = learned_values(s, tmp_path / "r", 1)
         nodes = [n for t in s.trees("search") for n in s.load_tree(t.tree_id)]
         mine_stats = s.stage("mine").stats
     assert stats == final and (tmp_path / "r" / final["folder"] / "critic.json").is_file()
@@ -411,13 +410,13 @@ def test_search_takes_the_critic_search_critic_names(tmp_path, tiny_model_dir):
     from offline_agent.search.frozen_critic import FrozenCritic
     from offline_agent.value import value_model
     from offline_agent.value.learned_critic import LearnedCritic
-    from pipelines.stages.critic import FINAL
+    from pipelines.artifacts import CRITIC
     from pipelines.stages.search import make_critic
 
     model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), CriticConfig())
     value_model.save(model, tmp_path / "v", tiny_model_dir, CriticConfig())
     with Store(tmp_path / "s.duckdb") as store:
-        store.set_checkpoint("critic", "", FINAL, {"folder": "v"})
+        store.set_checkpoint("critic", "", CRITIC, {"folder": "v"})
 
         def ctx(critic: str, r: int):
             cfg = RunConfig.load(None, [f"search.critic={critic}", "env.name=tests.fakes:FakeEnv",

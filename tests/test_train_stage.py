@@ -138,7 +138,7 @@ def test_adapter_folders_are_recorded_relative_to_the_run_dir(tiny_model_dir, tm
 
 
 def test_a_later_rounds_card_names_the_public_base_and_the_adapters_merged_into_it(tmp_path):
-    from pipelines.rounds import ITERATE
+    from pipelines.artifacts import ITERATE
     from pipelines.stages.train import provenance
 
     cfg = RunConfig.from_dict({"model": {"adapter": "/adapters/start"}})
@@ -180,10 +180,10 @@ def select_run(run_dir: Path, model_dir: str) -> RunConfig:
 
 def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_model_dir,
                                                                         tmp_path, monkeypatch):
-    from pipelines.stages import eval as eval_stage
+    from pipelines import selection
 
     cfg = select_run(tmp_path / "r", tiny_model_dir)
-    real_play, played = eval_stage._play, []
+    real_play, played = selection.play, []
 
     def crash_on_the_second(ctx, model, adapter, tasks, on_done):
         played.append(Path(adapter).name)
@@ -191,7 +191,7 @@ def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_mod
             raise KeyboardInterrupt  # killed after step 1's episodes, before step 2's
         real_play(ctx, model, adapter, tasks, on_done)
 
-    monkeypatch.setattr(eval_stage, "_play", crash_on_the_second)
+    monkeypatch.setattr(selection, "play", crash_on_the_second)
     with pytest.raises(KeyboardInterrupt):
         run(cfg, tmp_path / "r", TRAIN)
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
@@ -203,7 +203,7 @@ def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_mod
                 ).exists()
 
     played.clear()
-    monkeypatch.setattr(eval_stage, "_play", lambda *a: (played.append(Path(a[2]).name),
+    monkeypatch.setattr(selection, "play", lambda *a: (played.append(Path(a[2]).name),
                                                          real_play(*a)))
     monkeypatch.setattr("offline_agent.training.fit.fit_policy",
                         lambda *a, **k: pytest.fail("trained again"))

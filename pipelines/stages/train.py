@@ -4,7 +4,7 @@ Per policy: a finished one (checkpoint key "<policy>/final" in the store) is ski
 interrupted one resumes from the step checkpoint the store records under "<policy>". Every
 optimizer step's metrics land in the store's metrics table (series = policy) as it ends.
 Round k's train stage (train@k) trains on mine@k's data, on top of round k's model
-(pipelines/rounds.py). With train.select: val, each policy's final adapter is then its best
+(pipelines/artifacts.py). With train.select: val, each policy's final adapter is then its best
 checkpoint on the validation tasks (pipelines/selection.py). That final adapter is then
 scored on the mined pairs its seeded sample (train.max_pairs) left out, recorded under
 "held_out" in the same record (offline_agent/training/heldout.py; n 0 when it took them all).
@@ -17,11 +17,18 @@ from pathlib import Path
 
 from offline_agent.policy.models import copy_note, public_id
 from offline_agent.training.card import Provenance
+from pipelines.artifacts import (
+    HELD_OUT,
+    iterate_policy,
+    keep_candidate,
+    round_model,
+    stored_iterate,
+    write_iterate,
+)
 from pipelines.config import RunConfig
-from pipelines.report_table import HELD_OUT
-from pipelines.rounds import ITERATE, round_model, round_name
+from pipelines.rounds import round_name
 from pipelines.runner import StageContext
-from pipelines.selection import keep_candidate, select_checkpoint
+from pipelines.selection import select_checkpoint
 from storage import MetricRow, Store
 
 # policy -> the pair kinds it trains on (rft trains on examples instead)
@@ -86,9 +93,21 @@ def run_train(ctx: StageContext) -> dict:
         if HELD_OUT not in final:
             final = _score_held_out(ctx, policy, final)
         stats[policy] = final
+    if ctx.round < cfg.run.iterations:
+        _next_round_model(ctx)
     with store.transaction():
         ctx.mark_done(stats)
     return stats
+
+
+def _next_round_model(ctx: StageContext) -> None:
+    """The next round's model, written where its adapter was trained: this round's model with
+    the train.iterate policy's final adapter merged in (pipelines/artifacts.py), which
+    search@(k+1) loads. Written again by each attempt of this stage, so a retrained adapter
+    never leaves an older merge behind; where that policy trained nothing, search@(k+1) says
+    so."""
+    if ctx.store.checkpoint(ctx.stage, ctx.shard, f"{iterate_policy(ctx.cfg)}/final"):
+        write_iterate(ctx.cfg, ctx.store, ctx.run_dir, ctx.round + 1)
 
 
 def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
@@ -148,10 +167,10 @@ def _score_held_out(ctx: StageContext, policy: str, final: dict) -> dict:
 
 def provenance(cfg: RunConfig, store: Store, k: int) -> Provenance:
     """For the adapter's card: round k trains on cfg.model (named by its public id) with
-    model.adapter, then each earlier round's iterate adapter, merged in (rounds.py)."""
+    model.adapter, then each earlier round's iterate adapter, merged in (artifacts.py)."""
     merged = [f"`{cfg.model.adapter}` (model.adapter)"] if cfg.model.adapter else []
     for j in range(2, k + 1):
-        iterate = store.checkpoint(round_name("search", j), "", ITERATE)
+        iterate = stored_iterate(store, j)
         merged.append(f"the final adapter of policy `{iterate['policy']}` of offline-agent run "
                       f"`{store.run_id}` (`{iterate['adapter']}` in its run directory)")
     return Provenance(public_id(cfg.model.id), merged, copy_note(cfg.model.id), store.run_id, k)
