@@ -161,6 +161,28 @@ def test_the_stage_records_metrics_and_its_adapter_which_eval_then_plays(pick_mo
     assert run(cfg, tmp_path / "r", GRPO)["grpo"]["status"] == "skipped"
 
 
+def test_the_stage_shows_a_bar_of_its_steps_with_reward_and_loss(pick_model_dir, tmp_path,
+                                                                 capsys):
+    """What a person sees while GRPO runs: a bar of the step out of grpo.steps, each step's mean
+    reward and loss, elapsed<remaining; progress.json holds step and steps."""
+    import re
+
+    from pipelines.progress import read_progress
+    from tests.test_train_stage import bar_states
+
+    run(RunConfig.from_dict(grpo_config(pick_model_dir, steps=2)), tmp_path / "r", GRPO)
+    shown = [re.search(r"\| (\d+)/(\d+) \[(.*)\]$", s).groups()
+             for s in bar_states(capsys.readouterr().err, "grpo")]
+    assert {t for _, t, _ in shown} == {"2"}
+    last = {int(n): tail for n, _, tail in shown}  # a step's last redraw, in step order
+    assert list(last) == [0, 1, 2]
+    for n, data in metrics(tmp_path / "r").items():
+        assert re.match(r"\d\d:\d\d<\d\d:\d\d, ", last[n])
+        assert last[n].endswith(f"reward={data['reward_mean']:.3f}, loss={data['loss']:.4f}")
+    counters = read_progress(tmp_path / "r")["counters"]
+    assert (counters["step"], counters["steps"]) == (2, 2)
+
+
 def test_a_disabled_stage_does_nothing(pick_model_dir, tmp_path):
     cfg = RunConfig.from_dict(grpo_config(pick_model_dir, enabled=False))
     assert run(cfg, tmp_path / "r", GRPO)["grpo"]["stats"] == {"skipped": "grpo.enabled is false"}

@@ -71,6 +71,38 @@ def test_train_stage_trains_each_policy_records_checkpoints_and_skips_when_done(
     assert again["status"] == "skipped"
 
 
+def bar_states(err: str, desc: str) -> list[str]:
+    """The states a tqdm bar named `desc` drew on stderr (each redraw starts with a carriage
+    return), in order."""
+    return [s.strip() for s in err.replace("\n", "\r").split("\r") if s.startswith(desc + ":")]
+
+
+def test_each_policy_shows_a_bar_of_its_steps_with_the_loss(tiny_model_dir, tmp_path,
+                                                            capsys):
+    """What a person sees while train runs: per policy, a bar of its optimizer steps out of the
+    total, each step's loss and elapsed<remaining time; progress.json holds step and steps."""
+    import re
+
+    from pipelines.progress import read_progress
+
+    make_run(tmp_path / "r", rft=True)  # 4 step pairs: 2 steps of 2; 1 RFT example: 1 step
+    cfg = RunConfig.from_dict(config(tiny_model_dir, max_steps=2, batch_size=2,
+                                     policies=["rft", "dpo_step"]))
+    run(cfg, tmp_path / "r", TRAIN)
+    err = capsys.readouterr().err
+    for policy, total in (("rft", 1), ("dpo_step", 2)):
+        states = bar_states(err, f"train {policy}")
+        shown = [re.search(r"\| (\d+)/(\d+) \[(.*)\]$", s).groups() for s in states]
+        assert {int(t) for _, t, _ in shown} == {total}
+        last = {int(n): tail for n, _, tail in shown}  # a step's last redraw, in step order
+        assert list(last) == list(range(total + 1))
+        for n in range(1, total + 1):  # after each step: elapsed<remaining, rate, its loss
+            assert re.fullmatch(r"\d\d:\d\d<\d\d:\d\d, .*step.*, loss=-?\d+\.\d{4}", last[n])
+            assert last[n].endswith(f"loss={losses(tmp_path / 'r', policy)[n]:.4f}")
+    counters = read_progress(tmp_path / "r")["counters"]
+    assert (counters["policy"], counters["step"], counters["steps"]) == ("dpo_step", 2, 2)
+
+
 def test_a_policy_without_data_is_skipped_with_the_reason(tiny_model_dir, tmp_path):
     make_run(tmp_path / "r", n_step=2)
     cfg = RunConfig.from_dict(config(tiny_model_dir, max_steps=1, policies=["dpo_outcome"]))

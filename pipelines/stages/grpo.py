@@ -2,7 +2,8 @@
 
 Starts from the final adapter of grpo.init (a policy the train stage finished; base: a fresh
 adapter), samples groups on the train tasks and updates the adapter online
-(offline_agent/training/grpo/train.py). Every step's metrics land in the metrics table
+(offline_agent/training/grpo/train.py), with a progress bar on stderr and the step of
+grpo.steps in progress.json. Every step's metrics land in the metrics table
 (series "grpo"); a step checkpoint (adapter, optimizer, scheduler, RNG) is recorded under
 "grpo" and an interrupted stage resumes from it with the same next rollouts; the final
 adapter under "grpo/final", which the eval stage plays as policy "grpo".
@@ -48,6 +49,7 @@ def _train(ctx: StageContext) -> dict:
     cfg, store = ctx.cfg, ctx.store
     folder = ctx.checkpoint_dir / POLICY
     saved = store.checkpoint(ctx.stage, ctx.shard, POLICY)
+    ctx.progress.update(policy=POLICY, steps=cfg.grpo.steps)
 
     def on_metrics(step: int, metrics: dict) -> None:
         store.insert_metrics([MetricRow(POLICY, step, metrics)], ctx.stage)

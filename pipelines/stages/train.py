@@ -2,7 +2,9 @@
 
 Per policy: a finished one (checkpoint key "<policy>/final" in the store) is skipped; an
 interrupted one resumes from the step checkpoint the store records under "<policy>". Every
-optimizer step's metrics land in the store's metrics table (series = policy) as it ends.
+optimizer step's metrics land in the store's metrics table (series = policy) as it ends, and
+a progress bar per policy on stderr shows its step of the total, the loss, elapsed and
+remaining time (progress.json: `step` of `steps`).
 Round k's train stage (train@k) trains on mine@k's data, on top of round k's model
 (pipelines/artifacts.py). With train.select: val, each policy's final adapter is then its best
 checkpoint on the validation tasks (pipelines/selection.py). That final adapter is then
@@ -86,7 +88,7 @@ def run_train(ctx: StageContext) -> dict:
             if not rows:
                 stats[policy] = {"skipped": "no training data (mined pairs / RFT examples)"}
                 continue
-            ctx.progress.update(policy=policy)
+            ctx.progress.update(policy=policy, steps=_num_steps(len(rows), cfg))
             final = _train_policy(ctx, policy, rows)
         if cfg.train.select == "val" and "selected" not in final:
             final = select_checkpoint(ctx, policy, final)
@@ -98,6 +100,13 @@ def run_train(ctx: StageContext) -> dict:
     with store.transaction():
         ctx.mark_done(stats)
     return stats
+
+
+def _num_steps(rows: int, cfg: RunConfig) -> int:
+    """The optimizer steps a policy trains for (progress.json's `steps`, beside `step`)."""
+    from offline_agent.training.trainer import num_steps
+
+    return num_steps(rows, cfg.train)
 
 
 def _next_round_model(ctx: StageContext) -> None:
