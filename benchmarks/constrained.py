@@ -29,7 +29,7 @@ from offline_agent.policy import DEFAULT_MODEL, load_policy  # noqa: E402
 from offline_agent.policy.hf import HFPolicy  # noqa: E402
 from offline_agent.rollout import action_sampling, run_episodes  # noqa: E402
 from offline_agent.search.config import SearchConfig  # noqa: E402
-from offline_agent.search.critic import Critic  # noqa: E402
+from offline_agent.search.frozen_critic import FrozenCritic  # noqa: E402
 from offline_agent.search.mcts import Tree  # noqa: E402
 from offline_agent.search.searcher import Searcher  # noqa: E402
 
@@ -97,7 +97,7 @@ def search_vs_greedy(policy, envs: list[str], first: int, n: int, cfg: SearchCon
             for tree, result in batch:
                 best[tree.task.id] = max(best[tree.task.id], result.trajectory.reward)
 
-        critic = Critic(policy, make_env()) if cfg.critic != "none" else None  # the frozen one
+        critic = FrozenCritic(policy, make_env()) if cfg.critic != "none" else None  # the frozen one
         stats = Searcher(policy, make_env, cfg, critic).run(
             [Tree.new(t, make_env()) for t in tasks], commit, progress=False)
         print(f"{name:9s} greedy solved {sum(t.success for t in greedy):3d}/{n}  search solved "

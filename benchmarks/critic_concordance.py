@@ -1,7 +1,7 @@
 """Frozen vs learned critic: concordance with search's returns on trees the critic never saw.
 
 Reads a run's stored trees (stage `search`), cuts its tasks into `--folds` folds, and for each
-fold fits the value model (offline_agent/critic/fit.py, its own early-stopping split inside
+fold fits the value model (offline_agent/value/fit.py, its own early-stopping split inside
 the other folds) and predicts the fold's children. Every tree is thus scored by a critic fitted
 without it; the learned critic's concordance (offline_agent/search/concordance.py) is counted
 over all of them and printed beside the frozen critic's stored scores on the same trees, with
@@ -9,7 +9,7 @@ n, per architecture (`--lora-r`, 0: the head on the frozen base; `--layer-share`
 layers the head reads through) and per target set
 (`--targets`: `children`, the tree's children alone, the critic stage's targets before
 ending targets; `endings`, with the listed endings at every stored state, the stage's now;
-critic/targets.py). With ending targets it also counts, for each task, the pairs of its
+value/targets.py). With ending targets it also counts, for each task, the pairs of its
 endings at different states (V against the reward of ending there): on MiniShop `buy` on one
 item page against another, the product choice search at inference leans on. The same folds
 and the same pairs for all. The store is opened read-only; nothing is written.
@@ -27,12 +27,12 @@ from dataclasses import replace
 from itertools import combinations, product
 from pathlib import Path
 
-from offline_agent.critic import value_model
-from offline_agent.critic.config import CriticConfig
-from offline_agent.critic.endings import stored_endings
-from offline_agent.critic.fit import encode_tree, fit
-from offline_agent.critic.targets import seeded_order
 from offline_agent.search.concordance import Counts, concordance
+from offline_agent.value import value_model
+from offline_agent.value.config import CriticConfig
+from offline_agent.value.endings import stored_endings
+from offline_agent.value.fit import encode_tree, fit
+from offline_agent.value.targets import seeded_order
 from pipelines.config import RunConfig, make_env
 from pipelines.stages.critic import stored_trees
 from storage import Store

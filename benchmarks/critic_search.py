@@ -25,14 +25,14 @@ from pathlib import Path
 
 from _counters import Watch
 
-from offline_agent.critic.learned import LearnedCritic
-from offline_agent.critic.value_model import resolve_device
 from offline_agent.search.concordance import concordance
-from offline_agent.search.critic import Critic
+from offline_agent.search.frozen_critic import FrozenCritic
 from offline_agent.search.mcts import Tree
 from offline_agent.search.searcher import Searcher
+from offline_agent.value.learned_critic import LearnedCritic
+from offline_agent.value.value_model import resolve_device
+from pipelines.artifacts import fitted_folder
 from pipelines.config import RunConfig, make_env
-from pipelines.stages.critic import fitted_folder
 from storage import Store
 
 
@@ -125,7 +125,7 @@ def main() -> None:
     print(f"{len(tasks)} unseen {cfg.env.name} train tasks x {cfg.search.simulations} "
           f"simulations, k {cfg.search.k}, leaf_value {cfg.search.leaf_value}, selection "
           f"{cfg.search.selection}, alpha {cfg.search.alpha}; learned critic {folder}")
-    frozen = search(policy, cfg, tasks, Critic(policy, env), "frozen", own_model=False)
+    frozen = search(policy, cfg, tasks, FrozenCritic(policy, env), "frozen", own_model=False)
     fitted = search(policy, cfg, tasks, learned, "learned", own_model=True)
     rate = {k: (v["calls"] / v["solved"] if v["solved"] else float("inf"))
             for k, v in (("frozen", frozen), ("learned", fitted))}

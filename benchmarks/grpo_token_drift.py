@@ -3,7 +3,7 @@
 A real `train_grpo` run on MiniShop (multi-turn episodes, the policy the model being
 trained; the embedded SmolLM2-135M, or `--tiny` for a 2-layer random Llama on its tokenizer)
 with the hf decoder recording, for every row it decodes, the prompt ids it was fed and the
-ids it generated. Each step's trained sequences (grpo_update's Batch, one per turn: context +
+ids it generated. Each step's trained sequences (grpo/update.py's Batch, one per turn: context +
 action, masked on the action, as make_batch builds them) are compared with those, turn by turn: mismatched context
 tokens and mismatched action tokens (position by position, a length difference counting as
 mismatches). Target 0 and 0 (issue 22, Deliver 3).
@@ -24,7 +24,7 @@ import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import offline_agent.training.grpo_train as grpo_train
+import offline_agent.training.grpo.train as grpo_train
 from offline_agent.chat import encode_prompt_completion, mask_runs
 from offline_agent.envs.base import load_env
 from offline_agent.mining.build import Context, episode_messages
@@ -119,7 +119,7 @@ def main() -> None:
     from offline_agent.envs.testing.grammar_check import tiny_model
     from offline_agent.policy.models import resolve_model
     from offline_agent.training.config import TrainConfig
-    from offline_agent.training.grpo_config import GRPOConfig
+    from offline_agent.training.grpo.config import GRPOConfig
     from offline_agent.training.model import add_lora
 
     path = resolve_model("embedded:smollm2-135m-instruct")

@@ -17,7 +17,7 @@ and at `--time-limit` seconds cuts a side still running and reports it as a boun
 What is compared, per step: generation (ours: HFPolicy.sample on the model being trained;
 TRL: its `_generate_and_score_completions`, generation, the reward calls and its
 bookkeeping, timed by a subclass) and the update, the rest of the step (ours:
-grpo_update.update, the pi_old forward included; TRL: forward and backward on the padded
+grpo/update.py's update, the pi_old forward included; TRL: forward and backward on the padded
 batch, where num_iterations 1 lets it skip pi_old, and the optimizer step, timed from the
 step's begin to its end less its generation). TRL's pure `_generate` is printed beside.
 Update tokens/s counts each side's own trained tokens (prompt + completion of every
@@ -78,7 +78,7 @@ class OneStep:
 
 
 def grpo_config(args):
-    from offline_agent.training.grpo_config import GRPOConfig
+    from offline_agent.training.grpo.config import GRPOConfig
 
     return GRPOConfig(group_size=args.group_size, tasks_per_step=args.prompts_per_step,
                       lr=1e-5, temperature=1.0, beta=0.0, loss_type="dapo", num_iterations=1,
@@ -93,13 +93,13 @@ def step_done(step: int, **data) -> None:
 
 
 def our_batch(policy, tasks, prompts, cfg, reward, step: int, max_tokens: int):
-    """One step's rollouts (G completions of each prompt) as a grpo_update Batch."""
+    """One step's rollouts (G completions of each prompt) as a grpo/update.py Batch."""
     import torch
 
     from offline_agent.policy.base import Sampling, encode_prompt
-    from offline_agent.training.grpo import episode_advantages
-    from offline_agent.training.grpo_rollouts import Rollout, Turn
-    from offline_agent.training.grpo_update import make_batch
+    from offline_agent.training.grpo.objective import episode_advantages
+    from offline_agent.training.grpo.rollouts import Rollout, Turn
+    from offline_agent.training.grpo.update import make_batch
 
     out = policy.sample(prompts, cfg.group_size, Sampling(
         max_new_tokens=max_tokens, temperature=1.0, stop=list(reward.stop),
@@ -120,7 +120,7 @@ def run_ours(args, tasks, prompts, max_tokens: int) -> None:
 
     from offline_agent.policy.hf import HFPolicy
     from offline_agent.training.config import TrainConfig
-    from offline_agent.training.grpo_update import update
+    from offline_agent.training.grpo.update import update
     from offline_agent.training.model import add_lora, load_base
 
     cfg = grpo_config(args)

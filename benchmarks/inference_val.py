@@ -19,8 +19,6 @@ import json
 import time
 from pathlib import Path
 
-from offline_agent.critic.learned import LearnedCritic
-from offline_agent.critic.value_model import resolve_device
 from offline_agent.evaluation import (
     BASE,
     VAL,
@@ -30,11 +28,13 @@ from offline_agent.evaluation import (
     greedy_episodes,
     summarize,
 )
-from offline_agent.search.critic import Critic
+from offline_agent.search.frozen_critic import FrozenCritic
 from offline_agent.search.inference import inference_config, search_and_commit
 from offline_agent.search.searcher import Searcher
+from offline_agent.value.learned_critic import LearnedCritic
+from offline_agent.value.value_model import resolve_device
+from pipelines.artifacts import fitted_folder
 from pipelines.config import RunConfig, make_env
-from pipelines.stages.critic import fitted_folder
 from storage import Store
 
 
@@ -82,7 +82,7 @@ def main() -> None:
     model = {**vars(cfg.model), "adapter": adapter or cfg.model.adapter}
     policy = load_policy(**model, seed=cfg.run.seed)
     env = make_env(cfg)
-    critic = (Critic(policy, env) if cfg.search.critic != "learned" else
+    critic = (FrozenCritic(policy, env) if cfg.search.critic != "learned" else
               LearnedCritic.load(critic_folder, env, resolve_device(cfg.model.device),
                                  cfg.critic.pack_tokens))
     print(f"{args.policy} on {len(tasks)} {cfg.env.name} validation tasks; critic "

@@ -1,4 +1,4 @@
-"""Step-pair mining: the one SQL pass (storage/mining.py: self-join of siblings + window-function
+"""Step-pair mining: the one SQL pass (storage/step_pairs.py: self-join of siblings + window-function
 caps) vs the plain-Python oracle (offline_agent.mining.pairs.step_pairs) over the same rows.
 Both must return the same pairs; prints the time of each and the ratio.
 

@@ -31,7 +31,7 @@ from offline_agent.policy import DEFAULT_MODEL, load_policy
 from offline_agent.policy.base import Sampling
 from offline_agent.policy.prefix_cache import PrefixCache
 from offline_agent.search.config import SearchConfig
-from offline_agent.search.critic import Critic
+from offline_agent.search.frozen_critic import FrozenCritic
 from offline_agent.search.mcts import Tree, drive, simulate
 from offline_agent.search.requests import Rank, Sample
 from offline_agent.search.searcher import Searcher, rank_available, sample_prompt
@@ -56,7 +56,7 @@ def main() -> None:
     def make_env():
         return load_env(args.env, max_steps=args.max_depth)
 
-    critic = Critic(policy, make_env())
+    critic = FrozenCritic(policy, make_env())
 
     tasks = make_env().tasks("train", args.tasks)
     cfg = SearchConfig(simulations=args.simulations, k=args.k, oversample=args.oversample,

@@ -24,7 +24,7 @@ from offline_agent.envs.base import load_env
 from offline_agent.policy import DEFAULT_MODEL, load_policy
 from offline_agent.rollout import run_episodes
 from offline_agent.search.config import SearchConfig
-from offline_agent.search.critic import Critic
+from offline_agent.search.frozen_critic import FrozenCritic
 from offline_agent.search.mcts import Tree
 from offline_agent.search.searcher import Searcher
 
@@ -74,7 +74,7 @@ def main() -> None:
             best[tree.task.id] = max(best[tree.task.id], result.trajectory.reward)
 
     trees = [Tree.new(t, make_env()) for t in tasks]
-    critic = Critic(policy, make_env()) if cfg.critic != "none" else None  # the frozen one
+    critic = FrozenCritic(policy, make_env()) if cfg.critic != "none" else None  # the frozen one
     stats = Searcher(policy, make_env, cfg, critic).run(trees, commit)
     solved = {task for task, reward in best.items() if reward >= 1.0}
     greedy_mean = sum(t.reward for t in greedy) / len(greedy)

@@ -185,7 +185,7 @@ def inference_watch(policy):
 
 def search_stage(policy, args) -> tuple[Watch, dict]:
     from offline_agent.search.config import SearchConfig
-    from offline_agent.search.critic import Critic
+    from offline_agent.search.frozen_critic import FrozenCritic
     from offline_agent.search.mcts import Tree
     from offline_agent.search.persist import round_tree_ids
     from offline_agent.search.searcher import Searcher
@@ -195,7 +195,7 @@ def search_stage(policy, args) -> tuple[Watch, dict]:
     tasks = make_env().tasks("train", args.trees)
     cfg = SearchConfig(simulations=args.simulations, k=3, oversample=2, max_depth=6,
                        trees_per_batch=args.trees)
-    critic = Critic(policy, make_env())
+    critic = FrozenCritic(policy, make_env())
     policy.clear_cache()
     with tempfile.TemporaryDirectory() as folder, Store(Path(folder) / "run.duckdb") as store:
         store.insert_tasks(tasks, "tasks")

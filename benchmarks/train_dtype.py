@@ -63,8 +63,8 @@ def dpo(dtype: str, pairs, args) -> dict:
 def grpo(dtype: str, args) -> dict:
     from offline_agent.envs.base import load_env
     from offline_agent.training.config import TrainConfig
-    from offline_agent.training.grpo_config import GRPOConfig
-    from offline_agent.training.grpo_train import fit_grpo
+    from offline_agent.training.grpo.config import GRPOConfig
+    from offline_agent.training.grpo.train import fit_grpo
 
     steps: list[dict] = []
     began = [time.perf_counter()]

@@ -2,7 +2,7 @@
 it enters the hash that decides if a stage's stored results still match the config.
 
 One definition for the library's sections (search, mine, train, eval) and the pipeline's
-(pipelines/config.py), which all write `_f(default, help)`.
+(pipelines/config.py), which all write `config_field(default, help)`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from offline_agent.config_fields import config_field as _f
+from offline_agent.config_fields import config_field
 from offline_agent.policy.base import Policy
 from offline_agent.types import Task, Trajectory, step_to_dict
 from storage.rows import EvalEpisodeRow
@@ -35,21 +35,23 @@ LEVEL = 0.95
 @dataclass
 class EvalConfig:
     # both only shape the intervals the report computes from the episodes: not hashed
-    bootstrap: int = _f(2000, "bootstrap resamples of the tasks for the 95% intervals of means "
-                              "and of paired differences", hashed=False)
-    seed: int = _f(0, "seed of the bootstrap resampling (same seed, same intervals)",
-                   hashed=False)
-    configs_tried: int = _f(1, "configurations tried to reach this one (e.g. on validation), "
-                               "shown beside every p-value", hashed=False)
-    mcts: bool = _f(False, "also play each policy with verifier-free search at inference, the "
-                           "+MCTS rows (docs/evaluation.md)")
-    mcts_simulations: int = _f(1, "simulations of eval.mcts's search: per step (commit step), "
-                                  "or per test task (commit path)")
-    mcts_commit: str = _f("step", "how eval.mcts commits: step (search again before every "
-                                  "action, commit the most-visited one) or path (search once, "
-                                  "play the most-visited path)")
-    mcts_tasks: int = _f(0, "eval.mcts searches only the first N test tasks (0: all); its rows "
-                            "are paired with greedy on those tasks")
+    bootstrap: int = config_field(2000, "bootstrap resamples of the tasks for the "
+                                        "95% intervals of means and of paired "
+                                        "differences", hashed=False)
+    seed: int = config_field(0, "seed of the bootstrap resampling (same seed, same "
+                                "intervals)", hashed=False)
+    configs_tried: int = config_field(1, "configurations tried to reach this one "
+                                         "(e.g. on validation), shown beside every "
+                                         "p-value", hashed=False)
+    mcts: bool = config_field(False, "also play each policy with verifier-free search at "
+                                     "inference, the +MCTS rows (docs/evaluation.md)")
+    mcts_simulations: int = config_field(1, "simulations of eval.mcts's search: per step (commit "
+                                            "step), or per test task (commit path)")
+    mcts_commit: str = config_field("step", "how eval.mcts commits: step (search again before "
+                                            "every action, commit the most-visited one) or path "
+                                            "(search once, play the most-visited path)")
+    mcts_tasks: int = config_field(0, "eval.mcts searches only the first N test tasks (0: all); "
+                                      "its rows are paired with greedy on those tasks")
 
     def __post_init__(self):
         if self.bootstrap < 100:

@@ -102,7 +102,7 @@ def step_from_dict(d: dict[str, Any]) -> Step:
 @dataclass(frozen=True)
 class StepPairParams:
     """What step-pair mining reads of `mine.*` (MineConfig; offline_agent.mining.pairs.
-    step_params), handed as one value to the SQL pass (storage/mining.py) and to the Python
+    step_params), handed as one value to the SQL pass (storage/step_pairs.py) and to the Python
     oracle (offline_agent.mining.pairs), so both mine by the same settings."""
 
     alpha: float  # eq. 10's weight of Q_mcts against the critic score

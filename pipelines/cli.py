@@ -15,11 +15,12 @@ from datetime import datetime
 from pathlib import Path
 
 from offline_agent.envs.base import EnvStateError
-from offline_agent.extras import MissingExtra, require
+from offline_agent.optional_deps import MissingExtra, require
+from pipelines.artifacts import CONCORDANCE, FROZEN
 from pipelines.config import ConfigError, RunConfig, help_lines, make_env
 from pipelines.export import ExportError
 from pipelines.progress import ProgressError, read_progress
-from pipelines.report_table import CONCORDANCE, FROZEN, concordance_text, held_out_lines
+from pipelines.report_table import concordance_text, held_out_lines
 from pipelines.runner import RunError
 from storage import Store, StoreError, StoreInUse, TreeRow, merge_shards
 

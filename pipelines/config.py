@@ -21,16 +21,15 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from offline_agent.config_fields import HASHED, HELP, is_hashed
-from offline_agent.config_fields import config_field as _f
-from offline_agent.critic.config import CriticConfig
+from offline_agent.config_fields import HASHED, HELP, config_field, is_hashed
 from offline_agent.envs.base import BUILTIN_ENVS, Env, load_env
 from offline_agent.evaluation import EvalConfig
 from offline_agent.mining.config import MineConfig
 from offline_agent.policy.models import DEFAULT_MODEL
 from offline_agent.search.config import SearchConfig
 from offline_agent.training.config import TrainConfig
-from offline_agent.training.grpo_config import GRPOConfig
+from offline_agent.training.grpo.config import GRPOConfig
+from offline_agent.value.config import CriticConfig
 from pipelines.tracking import BACKENDS
 
 
@@ -45,12 +44,12 @@ def _choice(section: str, name: str, value: str, allowed: tuple[str, ...]) -> No
 
 @dataclass
 class RunSection:
-    name: str = _f("offline-agent", "label; the default run directory is runs/<name>-<timestamp>",
-                   hashed=False)
-    seed: int = _f(0, "seed of task generation (the env's seed)")
+    name: str = config_field("offline-agent", "label; the default run directory is "
+                                              "runs/<name>-<timestamp>", hashed=False)
+    seed: int = config_field(0, "seed of task generation (the env's seed)")
     # how many rounds to run: a round's results do not depend on it
-    iterations: int = _f(1, "rounds of search -> mine -> train; round k+1 searches with the "
-                            "policy trained in round k", hashed=False)
+    iterations: int = config_field(1, "rounds of search -> mine -> train; round k+1 "
+                                      "searches with the policy trained in round k", hashed=False)
     report_to: list[str] = field(default_factory=list, metadata={
         HELP: "experiment trackers every stage logs to: any of tensorboard, trackio, wandb "
               "(docs/tracking.md); []: none", HASHED: False})
@@ -66,17 +65,22 @@ class RunSection:
 
 @dataclass
 class ModelConfig:
-    id: str = _f(DEFAULT_MODEL, "embedded:<name>, a local model folder or a Hugging Face repo id")
-    backend: str = _f("hf", "hf (transformers, CPU or GPU) or vllm (GPU only)")
-    device: str = _f("auto", "auto (cuda when available), cpu or cuda")
-    dtype: str = _f("auto", "auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, float16 "
-                            "(bfloat16 on CPU: faster, changes some greedy actions)")
-    max_batch: int = _f(32, "most sequences in one generate or forward call")
-    adapter: str | None = _f(None, "LoRA adapter folder applied on top of the model; null: none")
-    prefix_cache_gb: float = _f(2.0, "memory kept for the KV of prompt prefixes already computed "
-                                     "(hf backend; vLLM keeps its own); 0: off", hashed=False)
-    constrain: str = _f("none", "none: free text; tools: each reply is decoded under the grammar "
-                                "of one valid tool call (needs xgrammar; docs/environments.md)")
+    id: str = config_field(DEFAULT_MODEL, "embedded:<name>, a local model folder or a Hugging "
+                                          "Face repo id")
+    backend: str = config_field("hf", "hf (transformers, CPU or GPU) or vllm (GPU only)")
+    device: str = config_field("auto", "auto (cuda when available), cpu or cuda")
+    dtype: str = config_field("auto", "auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, "
+                                      "float16 (bfloat16 on CPU: faster, changes some greedy "
+                                      "actions)")
+    max_batch: int = config_field(32, "most sequences in one generate or forward call")
+    adapter: str | None = config_field(None, "LoRA adapter folder applied on top of the model; "
+                                             "null: none")
+    prefix_cache_gb: float = config_field(2.0, "memory kept for the KV of prompt "
+                                               "prefixes already computed (hf "
+                                               "backend; vLLM keeps its own); 0: off", hashed=False)
+    constrain: str = config_field("none", "none: free text; tools: each reply is decoded under "
+                                          "the grammar of one valid tool call (needs xgrammar; "
+                                          "docs/environments.md)")
 
     def __post_init__(self):
         _choice("model", "backend", self.backend, ("hf", "vllm"))
@@ -91,14 +95,16 @@ class ModelConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = _f("minishop", "built-in env (minishop, math, python) or 'package.module:Class'")
+    name: str = config_field("minishop", "built-in env (minishop, math, python) or "
+                                         "'package.module:Class'")
     kwargs: dict[str, Any] = field(
         default_factory=dict, metadata={HELP: "extra keyword arguments of the env constructor"}
     )
-    train_tasks: int = _f(32, "tasks of the train split (searched, mined, trained on)")
-    test_tasks: int = _f(16, "tasks of the test split (held out for evaluation)")
-    val_tasks: int = _f(0, "validation tasks (train.select: val): the env's train tasks after "
-                           "the first train_tasks, disjoint from train and test; 0: none")
+    train_tasks: int = config_field(32, "tasks of the train split (searched, mined, trained on)")
+    test_tasks: int = config_field(16, "tasks of the test split (held out for evaluation)")
+    val_tasks: int = config_field(0, "validation tasks (train.select: val): the env's train tasks "
+                                     "after the first train_tasks, disjoint from train and test; "
+                                     "0: none")
 
     def __post_init__(self):
         if self.name not in BUILTIN_ENVS and ":" not in self.name:

@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from offline_agent.evaluation import TEST
-from offline_agent.training.grpo_config import GRPOConfig
-from pipelines.rounds import trained_policies
+from offline_agent.training.grpo.config import GRPOConfig
+from pipelines.artifacts import trained_policies
 from storage import EvalEpisodeRow, Store
 
 MAX_REWARD_ZERO = 0.5  # over half the episodes earn nothing: the policy rarely gets anywhere

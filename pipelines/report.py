@@ -31,10 +31,10 @@ from offline_agent.evaluation import (
     summarize,
 )
 from offline_agent.search.concordance import concordance
+from pipelines.artifacts import CONCORDANCE, FROZEN, HELD_OUT, trained_policies
 from pipelines.diagnostics import diagnose
 from pipelines.report_html import render
-from pipelines.report_table import CONCORDANCE, FROZEN, HELD_OUT
-from pipelines.rounds import round_name, stored_rounds, trained_policies
+from pipelines.rounds import round_name, stored_rounds
 from pipelines.transcripts import transcripts
 from storage import Store
 
@@ -129,7 +129,7 @@ def comparisons(store: Store, cfg: EvalConfig) -> list[dict]:
 
 def checkpoint_selection(store: Store) -> dict[str, dict]:
     """{policy: which checkpoint train.select=val chose and why, with every candidate's
-    validation score} for each trained policy selected that way (pipelines/stages/select.py)."""
+    validation score} for each trained policy selected that way (pipelines/selection.py)."""
     return {name: final["selected"] for name, final in trained_policies(store).items()
             if "selected" in final}
 

@@ -11,8 +11,8 @@ import io
 import json
 from html import escape
 
+from pipelines.artifacts import CONCORDANCE
 from pipelines.report_table import (
-    CONCORDANCE,
     CONCORDANCE_COLUMNS,
     TEST_COLUMNS,
     comparison_rows,

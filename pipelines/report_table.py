@@ -1,17 +1,18 @@
 """The comparison table of a report: its columns and each policy entry's cells, shared by the
 text table on stdout and the page (report_html.py), so both always show the same numbers; and
-the critic concordance's rows (the page) and line (`offline-agent status`).
+the critic concordance's rows (the page) and line (`offline-agent status`). On stdout the
+table comes in blocks of columns that fit a terminal of WIDTH columns; the page and
+report.json hold it whole.
 
 An entry is one of report.json's `policies` (pipelines/report.py `policy_results`).
 """
 
 from __future__ import annotations
 
-from offline_agent.evaluation import BASE
+import textwrap
 
-# a trained policy's final record's key (pipelines/stages/train.py) and its report entry's:
-# its pair accuracy on the mined pairs its training sample left out
-HELD_OUT = "held_out"
+from offline_agent.evaluation import BASE
+from pipelines.artifacts import HELD_OUT
 
 
 def _pct(value: float | None, ci: list[float] | None, signed: bool = False) -> str:
@@ -88,6 +89,8 @@ HELD_OUT_COLUMN = "held-out pairs: acc [95% CI] (base); reward acc"
 COLUMNS = ["policy", "mode", "n", "success [95% CI]", "vs base (paired)", "vs greedy (paired)",
            "McNemar p vs base", "mean reward [95% CI]", "vs base (paired)", "changed vs base",
            "invalid", "steps", HELD_OUT_COLUMN]
+# on stdout each group of columns starts a block: success, reward and steps, held-out pairs
+BLOCK_STARTS = ("mode", "mean reward [95% CI]", HELD_OUT_COLUMN)
 
 
 def comparison_rows(policies: list[dict]) -> list[list[str]]:
@@ -100,14 +103,48 @@ def comparison_rows(policies: list[dict]) -> list[list[str]]:
     return [[r[i] for i in keep] for r in [COLUMNS] + [comparison_cells(e) for e in policies]]
 
 
-def comparison_table(report: dict) -> str:
-    """The policies side by side as fixed-width text."""
+WIDTH = 100  # the terminal columns the printed table fits
+
+
+def comparison_table(report: dict, width: int = WIDTH) -> str:
+    """The policies side by side as fixed-width text, for stdout: the columns in order, in
+    blocks (a group of BLOCK_STARTS each, split further where it is wider) that each fit
+    `width` columns with the policy column leading each, one blank line apart."""
     if not report["policies"]:
         return "no evaluation episodes in this run yet"
     rows = comparison_rows(report["policies"])
+    return "\n\n".join(text_table([[r[0], *(r[i] for i in block)] for r in rows], width)
+                        for block in column_blocks(rows, width))
+
+
+def column_blocks(rows: list[list[str]], width: int) -> list[list[int]]:
+    """Columns 1.. in order, in runs that fit beside column 0 within `width`, a new run at
+    each of BLOCK_STARTS (a column too wide even alone gets a run of its own, which
+    text_table wraps)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    blocks: list[list[int]] = [[]]
+    used = widths[0]
+    for i in range(1, len(widths)):
+        if blocks[-1] and (rows[0][i] in BLOCK_STARTS or used + 2 + widths[i] > width):
+            blocks.append([])
+            used = widths[0]
+        blocks[-1].append(i)
+        used += 2 + widths[i]
+    return blocks
+
+
+def text_table(rows: list[list[str]], width: int) -> str:
+    """The header row, a dashed rule, the other rows, as fixed-width text; a last column
+    wider than what `width` leaves it is wrapped onto lines of its own."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    widths[-1] = min(widths[-1], max(width - sum(widths[:-1]) - 2 * (len(widths) - 1), 1))
+    lines = []
+    for r in rows:
+        for j, part in enumerate(textwrap.wrap(r[-1], widths[-1]) or [""]):
+            cells = [*(r[:-1] if j == 0 else [""] * (len(r) - 1)), part]
+            lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
+        if r is rows[0]:
+            lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
@@ -141,9 +178,6 @@ def paired_test_rows(report: dict) -> list[list[str]]:
 
 
 # ---- critic concordance (offline_agent/search/concordance.py) -------------------------------
-CONCORDANCE = "critic_concordance"  # its key in a search stage's stats and in report.json
-FROZEN = "frozen_critic_concordance"  # the critic stage's: the frozen critic on its held-out trees
-
 CONCORDANCE_COLUMNS = ["pairs", "concordance", "n", "concordant", "discordant",
                        "tied Q", "tied score", "tied both"]
 

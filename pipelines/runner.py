@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from offline_agent.extras import missing
+from offline_agent.optional_deps import missing
 from pipelines.config import RunConfig, diff, digest
 from pipelines.progress import Progress
 from pipelines.tracking import Tracker, TrackerError, open_tracker

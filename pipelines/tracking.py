@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from offline_agent.extras import require
+from offline_agent.optional_deps import require
 
 IDS = "tracking.json"
 

@@ -13,7 +13,6 @@ from storage.ids import (
     split_node_id,
 )
 from storage.merge import MergeConflict, merge_shards
-from storage.mining import select_step_pairs, step_pair_inputs
 from storage.rows import (
     EvalEpisodeRow,
     ExampleRow,
@@ -26,6 +25,7 @@ from storage.rows import (
     TreeRow,
 )
 from storage.schema import SCHEMA_VERSION
+from storage.step_pairs import select_step_pairs, step_pair_inputs
 from storage.store import Store, StoreError, StoreInUse
 
 __all__ = [

@@ -1,5 +1,5 @@
 """Store: one DuckDB file per run: the connection, transactions, migrations, and the reads and
-writes of each table. With storage/merge.py (shard merge) and storage/mining.py (the step-pair
+writes of each table. With storage/merge.py (shard merge) and storage/step_pairs.py (the step-pair
 query), the only code in the project that writes SQL.
 
 Rows travel as the dataclasses of storage/rows.py. Writes are batched: a list of rows becomes
@@ -236,7 +236,7 @@ class Store:
         }
         return columns, keys
 
-    # ---- row plumbing: package-private, storage/merge.py and storage/mining.py use it too --
+    # ---- row plumbing: package-private, storage/merge.py and storage/step_pairs.py use it too --
     def _sql(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple]:
         """Execute and fetch everything (duckdb 2 refuses new work while a result is open)."""
         return self.con.execute(sql, params).fetchall()

@@ -6,8 +6,9 @@ from __future__ import annotations
 from offline_agent.evaluation import EvalConfig
 from offline_agent.search.concordance import concordance, mcts_q
 from offline_agent.types import Task
+from pipelines.artifacts import CONCORDANCE
 from pipelines.report import build_report, write_report
-from pipelines.report_table import CONCORDANCE, concordance_text
+from pipelines.report_table import concordance_text
 from storage import Store, TreeRow
 from tests.rows import node_row
 

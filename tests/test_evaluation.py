@@ -342,14 +342,14 @@ def test_search_at_inference_takes_the_learned_critic_only_where_one_was_fitted(
     from types import SimpleNamespace
 
     from offline_agent.envs.base import load_env
-    from offline_agent.search.critic import Critic
+    from offline_agent.search.frozen_critic import FrozenCritic
+    from pipelines.play import inference_critic
     from pipelines.runner import RunError
-    from pipelines.stages.eval import inference_critic
 
     env = load_env("minishop", seed=0, max_steps=3)
     with Store(tmp_path / "store.duckdb") as store:
         ctx = SimpleNamespace(cfg=RunConfig.from_dict({}), store=store, run_dir=tmp_path, round=1)
-        assert isinstance(inference_critic(ctx, None, env), Critic)
+        assert isinstance(inference_critic(ctx, None, env), FrozenCritic)
         ctx.cfg = RunConfig.from_dict({"search": {"critic": "learned"}})
         with pytest.raises(RunError, match="'critic' has fitted no critic"):
             inference_critic(ctx, None, env)

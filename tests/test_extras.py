@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from offline_agent.extras import EXTRAS, MissingExtra, missing, require
+from offline_agent.optional_deps import EXTRAS, MissingExtra, missing, require
 from pipelines.cli import main
 from pipelines.config import RunConfig
 from pipelines.runner import RunError, run

@@ -15,12 +15,11 @@ from offline_agent.policy.grammar import prompt_grammars
 from offline_agent.policy.hf import HFPolicy
 from offline_agent.rollout import action_sampling
 from offline_agent.training.config import TrainConfig
-from offline_agent.training.grpo import masked_logprobs
-from offline_agent.training.grpo_config import GRPOConfig
-from offline_agent.training.grpo_rollouts import member_seeds, sample_groups
-from offline_agent.training.grpo_train import train_grpo
-from offline_agent.training.grpo_update import _chunks, make_batch
-from offline_agent.training.logprobs import token_logps
+from offline_agent.training.grpo.config import GRPOConfig
+from offline_agent.training.grpo.rollouts import member_seeds, sample_groups
+from offline_agent.training.grpo.train import train_grpo
+from offline_agent.training.grpo.update import _chunks, make_batch
+from offline_agent.training.logprobs import masked_logprobs, token_logps
 from offline_agent.training.model import add_lora
 from tests.pick_env import PickLong, biased_tiny_model
 

@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
-from offline_agent.training.grpo import (
+from offline_agent.training.grpo.config import GRPOConfig
+from offline_agent.training.grpo.objective import (
     EpisodeSteps,
     combined_advantages,
     discounted_returns,
     episode_advantages,
-    masked_logprobs,
     shaped_rewards,
     state_hash,
     step_advantages,
@@ -22,7 +22,7 @@ from offline_agent.training.grpo import (
     tied_groups,
     token_loss,
 )
-from offline_agent.training.grpo_config import GRPOConfig
+from offline_agent.training.logprobs import masked_logprobs
 
 S3 = 1 / math.sqrt(3)
 CLIP = {"epsilon": 0.2, "epsilon_high": 0.28}

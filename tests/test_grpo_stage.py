@@ -16,10 +16,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from offline_agent.policy.hf import HFPolicy
 from offline_agent.rollout import run_episodes
 from offline_agent.training.config import TrainConfig
-from offline_agent.training.grpo_config import GRPOConfig
-from offline_agent.training.grpo_rollouts import member_seeds, sample_groups
-from offline_agent.training.grpo_train import train_grpo
-from offline_agent.training.grpo_update import make_batch, rewards, turn_advantages, update
+from offline_agent.training.grpo.config import GRPOConfig
+from offline_agent.training.grpo.rollouts import member_seeds, sample_groups
+from offline_agent.training.grpo.train import train_grpo
+from offline_agent.training.grpo.update import make_batch, rewards, turn_advantages, update
 from offline_agent.training.model import add_lora
 from pipelines.config import RunConfig
 from pipelines.runner import run
@@ -191,6 +191,28 @@ def test_select_val_chooses_the_step_on_validation_and_eval_plays_the_choice(pic
             ).is_file()
 
 
+def test_the_stage_shows_a_bar_of_its_steps_with_reward_and_loss(pick_model_dir, tmp_path,
+                                                                 capsys):
+    """What a person sees while GRPO runs: a bar of the step out of grpo.steps, each step's mean
+    reward and loss, elapsed<remaining; progress.json holds step and steps."""
+    import re
+
+    from pipelines.progress import read_progress
+    from tests.test_train_stage import bar_states
+
+    run(RunConfig.from_dict(grpo_config(pick_model_dir, steps=2)), tmp_path / "r", GRPO)
+    shown = [re.search(r"\| (\d+)/(\d+) \[(.*)\]$", s).groups()
+             for s in bar_states(capsys.readouterr().err, "grpo")]
+    assert {t for _, t, _ in shown} == {"2"}
+    last = {int(n): tail for n, _, tail in shown}  # a step's last redraw, in step order
+    assert list(last) == [0, 1, 2]
+    for n, data in metrics(tmp_path / "r").items():
+        assert re.match(r"\d\d:\d\d<\d\d:\d\d, ", last[n])
+        assert last[n].endswith(f"reward={data['reward_mean']:.3f}, loss={data['loss']:.4f}")
+    counters = read_progress(tmp_path / "r")["counters"]
+    assert (counters["step"], counters["steps"]) == (2, 2)
+
+
 def test_a_disabled_stage_does_nothing(pick_model_dir, tmp_path):
     cfg = RunConfig.from_dict(grpo_config(pick_model_dir, enabled=False))
     assert run(cfg, tmp_path / "r", GRPO)["grpo"]["stats"] == {"skipped": "grpo.enabled is false"}
@@ -202,7 +224,7 @@ def test_resume_after_sigkill_samples_the_same_next_rollouts_with_the_same_loss(
     settings = grpo_config(pick_model_dir, steps=4)
     script = ("import json, os, signal, sys\nfrom pipelines.config import RunConfig\n"
               "from pipelines.runner import run\nfrom pipelines.stages import STAGES\n"
-              "from offline_agent.training import grpo_train\n"
+              "from offline_agent.training.grpo import train as grpo_train\n"
               "grpo_train.after_step = lambda step: step == 3 and os.kill(os.getpid(), "
               "signal.SIGKILL)\n"
               "run(RunConfig.from_dict(json.loads(sys.argv[1])), sys.argv[2], "
@@ -229,7 +251,7 @@ def test_on_vllm_each_step_serves_the_adapter_just_updated_under_a_new_id(
     """The vLLM path (against the fake module; vLLM needs a GPU): before each step's
     rollouts the adapter is saved and requested under a new LoRA id, so a stale adapter
     cannot be served; the rollouts train like the hf path's."""
-    from offline_agent.training.grpo_train import rollout_policy
+    from offline_agent.training.grpo.train import rollout_policy
     from tests.pick_env import NAMES
 
     model, _ = setup(tokenizer)  # first: peft imports bitsandbytes, which the fake's cuda confuses

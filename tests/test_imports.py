@@ -194,3 +194,69 @@ def test_storage_imports_only_offline_agent_types():
            for e in edges if not e.implicit
            and e.target.split(".")[0] != "storage" and e.target != "offline_agent.types"]
     assert not bad, "storage imports more than offline_agent.types:\n" + describe(bad)
+
+
+def package_of(module: str) -> str:
+    """The package a module counts in for the loop test below: `offline_agent.<sub>` (or the
+    top-level module), except the env conformance kit, `offline_agent.envs.testing`, which drives
+    an env with a tiny policy (`offline-agent check-env`): it sits above envs, policy and rollout,
+    and lives under envs/ where env authors look for it."""
+    kit = "offline_agent.envs.testing"
+    if module == kit or module.startswith(kit + "."):
+        return kit
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "offline_agent" else parts[0]
+
+
+def test_no_import_loops_between_packages():
+    """Modules may form no cycle, and neither may packages: `offline_agent.policy` importing
+    `offline_agent.envs` while `offline_agent.envs` imports `offline_agent.policy` makes neither
+    usable without the other, even when no two modules import each other."""
+    graph: dict[str, list[Edge]] = {}
+    for module, edges in import_graph().items():
+        graph.setdefault(package_of(module), [])
+        graph[package_of(module)] += [Edge(package_of(module), package_of(e.target), e.where)
+                                      for e in edges if not e.implicit
+                                      and package_of(e.target) != package_of(module)]
+    loops = [cycle_path(graph, c) for c in strongly_connected(graph)]
+    assert not loops, "packages import each other:\n" + "\n\n".join(describe(p) for p in loops)
+
+
+def test_the_policy_package_never_imports_envs():
+    """The tool-call forms both need are offline_agent/call_forms.py's, so a policy is built
+    without any env, and the conformance kit (envs/testing) can drive a policy."""
+    bad = [e for m, edges in import_graph().items() if m.startswith("offline_agent.policy")
+           for e in edges if e.target.startswith("offline_agent.envs")]
+    assert not bad, "offline_agent.policy imports envs:\n" + describe(bad)
+
+
+STAGES_PACKAGE = "pipelines.stages"
+
+
+def test_no_stage_module_imports_another():
+    """A stage reads what earlier stages stored through pipelines/artifacts.py (and what it
+    writes for later ones goes by that module's keys), never through another stage's module,
+    directly or through a module it imports: a walk from the CLI into one stage and back
+    never crosses into another. The package's `__init__`, which lists the pipeline, is the
+    one module that names every stage."""
+    graph = import_graph()
+    stage_modules = {m for m in graph if m.startswith(STAGES_PACKAGE + ".")}
+    assert {"pipelines.stages.search", "pipelines.stages.train"} <= stage_modules
+    crossings = []
+    for stage in sorted(stage_modules):
+        path: dict[str, Edge] = {}  # module reached -> the import that reached it first
+        frontier = [stage]
+        while frontier:
+            edges = [e for m in frontier for e in graph.get(m, [])
+                     if e.target not in path and e.target != stage]
+            for e in edges:
+                path.setdefault(e.target, e)
+            frontier = [e.target for e in edges if e.target not in stage_modules
+                        and e.target != STAGES_PACKAGE]
+        for other in sorted(t for t in path if t in stage_modules or t == STAGES_PACKAGE):
+            chain = [path[other]]
+            while chain[0].source != stage:
+                chain.insert(0, path[chain[0].source])
+            crossings.append(chain)
+    assert not crossings, "stage modules reach other stages:\n" + "\n\n".join(
+        describe(c) for c in crossings)

@@ -15,7 +15,7 @@ from offline_agent.evaluation import EvalConfig
 from offline_agent.policy.base import Completion, serve_in_lockstep
 from offline_agent.rollout import run_episodes
 from offline_agent.search.config import SearchConfig
-from offline_agent.search.critic import Critic
+from offline_agent.search.frozen_critic import FrozenCritic
 from offline_agent.search.inference import (
     committed,
     inference_config,
@@ -169,7 +169,7 @@ def inference(tokenizer, env_class, n_tasks=5, sims=6):
     make_env = lambda: env_class(max_steps=4)
     policy = SubmittingPolicy(tokenizer)
     cfg = inference_config(SearchConfig(k=3, max_depth=4, trees_per_batch=2), sims)
-    return policy, make_env, Searcher(policy, make_env, cfg, Critic(policy, make_env())), \
+    return policy, make_env, Searcher(policy, make_env, cfg, FrozenCritic(policy, make_env())), \
         make_env().tasks("test", n_tasks)
 
 

@@ -123,6 +123,41 @@ def test_round_two_searches_with_round_one_policy_merged(two_rounds, tiny_model_
     torch.testing.assert_close(merged, policy, rtol=1e-4, atol=1e-4)
 
 
+def test_the_train_stage_writes_the_next_rounds_model_and_search_only_loads_it(two_rounds,
+                                                                             tmp_path,
+                                                                             monkeypatch):
+    """With run.iterations = 2 set before round 1 trains, train writes round 2's model where it
+    trained the adapter: the same record and the same weights search@2 wrote in the run above
+    (whose train finished before iterations was raised); round 2's stages then load it,
+    never merging again."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from pipelines.artifacts import round_model
+    from pipelines.progress import Progress
+    from pipelines.runner import StageContext
+    from pipelines.stages.train import run_train
+
+    run_dir, _, crashed, *_ = two_rounds
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(copy / "checkpoints" / "search@2" / "iterate")
+    cfg = RunConfig.load(run_dir / "config.yaml")  # iterations 2
+    with Store(copy / "store.duckdb") as store:
+        store.clear_stage("search@2")  # as if round 2 had not run: no record of its model
+        run_train(StageContext(cfg, copy, store, Progress(copy), "train", "", round=1))
+        assert store.checkpoint("search@2", "", "iterate") == crashed["iterate"]
+        monkeypatch.setattr("offline_agent.training.model.write_merged",
+                            lambda *a, **k: pytest.fail("merged again"))
+        model = round_model(cfg, store, copy, 2)
+    assert model.id == str(copy / "checkpoints/search@2/iterate") and model.adapter is None
+    weights = [load_file(d / "checkpoints/search@2/iterate/model.safetensors")
+               for d in (run_dir, copy)]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(weights[0][k].equal(weights[1][k]) for k in weights[0])
+
+
 def test_round_two_reference_is_round_one_policy(two_rounds, tiny_model_dir, tokenizer):
     """train@2's DPO reference log-probs are round 1's trained policy's, not the base's."""
     import torch
@@ -188,16 +223,14 @@ def test_train_iterate_must_be_a_trained_policy():
 
 
 def test_a_round_without_the_iterate_policy_stops_with_its_name(tmp_path):
-    from pipelines.progress import Progress
-    from pipelines.rounds import make_iterate
-    from pipelines.runner import RunError, StageContext
+    from pipelines.artifacts import round_model
+    from pipelines.runner import RunError
 
     cfg = RunConfig.from_dict({"train": {"policies": ["rft", "dpo_step"]}})
     with Store(tmp_path / "store.duckdb") as store:
         store.set_checkpoint("train", "", "rft/final", {"folder": "checkpoints/train/rft/final"})
-        ctx = StageContext(cfg, tmp_path, store, Progress(tmp_path), "search@2", "", round=2)
         with pytest.raises(RunError, match="round 1's 'dpo_step' policy.*has not trained"):
-            make_iterate(ctx)
+            round_model(cfg, store, tmp_path, 2)
         assert store.checkpoint("search@2", "", "iterate") is None
 
 

@@ -1,4 +1,4 @@
-"""The learned critic (offline_agent/critic/): targets and weights of a hand-built tree, the
+"""The learned critic (offline_agent/value/): targets and weights of a hand-built tree, the
 value loss falling on a tiny model (seeded), LearnedCritic.score's shape and order, mining's
 eq. 10 with learned values (SQL = Python), the `critic` stage (records, skips, resumes), and
 the config (bad values refused, `logprob` read as `frozen`)."""
@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from offline_agent.critic.config import CriticConfig
-from offline_agent.critic.targets import Target, families, split_tasks, target, weighted_mse
 from offline_agent.mining.config import MineConfig
 from offline_agent.mining.pairs import step_pairs, step_params
 from offline_agent.search.requests import Critique
 from offline_agent.types import Step, Task
+from offline_agent.value.config import CriticConfig
+from offline_agent.value.targets import Target, families, split_tasks, target, weighted_mse
 from pipelines.config import ConfigError, RunConfig
 from storage import Store, make_node_id, select_step_pairs, step_pair_inputs
 from tests.rows import node_row as node
@@ -62,8 +62,8 @@ def test_endings_join_their_state_s_family_unless_a_terminal_child_took_them():
 
 
 def test_stored_endings_are_the_env_s_rewards_of_ending_at_each_stored_state():
-    from offline_agent.critic.endings import stored_endings
     from offline_agent.envs.base import load_env
+    from offline_agent.value.endings import stored_endings
 
     env = load_env("minishop", max_steps=8)
     task = env.tasks("train", 1)[0]
@@ -97,7 +97,7 @@ def test_tasks_are_held_out_whole_seeded_and_never_all():
 # ---- the value model on the tiny random Llama -----------------------------------------------
 def tiny_trees(tokenizer) -> list:
     """Two tasks' trees whose returns depend on the action's text: `good` 1, `bad` 0."""
-    from offline_agent.critic.fit import encode_tree
+    from offline_agent.value.fit import encode_tree
 
     items = []
     for t in range(4):
@@ -113,8 +113,8 @@ def tiny_trees(tokenizer) -> list:
 
 def test_endings_are_encoded_as_their_text_in_their_state_s_item(tokenizer):
     from offline_agent.chat import history_messages
-    from offline_agent.critic.fit import encode_tree
-    from offline_agent.critic.value_model import encode_actions
+    from offline_agent.value.fit import encode_tree
+    from offline_agent.value.value_model import encode_actions
 
     rows = hand_tree()
     task = Task("t", "fake", "do it")
@@ -128,9 +128,9 @@ def test_endings_are_encoded_as_their_text_in_their_state_s_item(tokenizer):
 
 @pytest.mark.parametrize("lora_r", [0, 4])
 def test_the_value_loss_falls_on_a_tiny_model(tiny_model_dir, tokenizer, lora_r, monkeypatch):
-    from offline_agent.critic import fit as fit_module
-    from offline_agent.critic import value_model
-    from offline_agent.critic.fit import Item, fit, predict, weighted_mean
+    from offline_agent.value import fit as fit_module
+    from offline_agent.value import value_model
+    from offline_agent.value.fit import Item, fit, predict, weighted_mean
 
     items = tiny_trees(tokenizer)
     cfg = CriticConfig(lora_r=lora_r, lr=1e-2, epochs=30, patience=30, holdout=0.0, seed=0)
@@ -165,8 +165,8 @@ def test_learned_critic_scores_in_request_order_as_one_forward_each(tiny_model_d
     action in order, equal to scoring each action alone (the trie changes nothing)."""
     import torch
 
-    from offline_agent.critic import value_model
-    from offline_agent.critic.learned import LearnedCritic
+    from offline_agent.value import value_model
+    from offline_agent.value.learned_critic import LearnedCritic
     from tests.fakes import FakeEnv
 
     cfg = CriticConfig(lora_r=2, target_modules=["q_proj"])
@@ -198,8 +198,8 @@ def test_learned_critic_values_a_state_and_action_once(tiny_model_dir, tokenizer
     asks V(page, buy) twice, and a second forward in another trie differed by float noise."""
     import torch
 
-    from offline_agent.critic import learned, value_model
-    from offline_agent.critic.learned import LearnedCritic
+    from offline_agent.value import learned_critic, value_model
+    from offline_agent.value.learned_critic import LearnedCritic
     from tests.fakes import FakeEnv
 
     model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), CriticConfig())
@@ -208,7 +208,7 @@ def test_learned_critic_values_a_state_and_action_once(tiny_model_dir, tokenizer
     critic = LearnedCritic(model, tokenizer, FakeEnv(), 4096, "conversation")
     forwarded = []
     real = value_model.values_of
-    monkeypatch.setattr(learned.value_model, "values_of", lambda m, states, budget: (
+    monkeypatch.setattr(learned_critic.value_model, "values_of", lambda m, states, budget: (
         states and forwarded.append([len(s) for s in states]) or real(m, states, budget)))
     task = Task("t", "fake", "do it")
     step = Step(action="look", observation="a page")
@@ -235,9 +235,9 @@ def test_page_state_values_the_goal_and_latest_page_whatever_the_steps_before(
 
     import torch
 
-    from offline_agent.critic import value_model
-    from offline_agent.critic.learned import LearnedCritic
-    from offline_agent.critic.value_model import state_prompt
+    from offline_agent.value import value_model
+    from offline_agent.value.learned_critic import LearnedCritic
+    from offline_agent.value.value_model import state_prompt
     from tests.fakes import FakeEnv
 
     task = Task("t", "fake", "do it")
@@ -278,8 +278,8 @@ def test_the_value_model_reads_the_layer_its_share_names_and_loads_as_it_was_fit
 
     import torch
 
-    from offline_agent.critic import value_model
-    from offline_agent.critic.value_model import pack_values
+    from offline_agent.value import value_model
+    from offline_agent.value.value_model import pack_values
 
     full = value_model.load_lm(tiny_model_dir, "cpu")
     assert len(full.get_decoder().layers) == 2
@@ -344,18 +344,17 @@ def run_until(tmp_path, model: str, stage: str, critic: str = "learned") -> int:
 
 def test_the_critic_stage_fits_records_feeds_mining_and_resumes(tmp_path, tiny_model_dir,
                                                                 monkeypatch, capsys):
-    from offline_agent.critic import endings as endings_module
-    from pipelines.report_table import CONCORDANCE, FROZEN
-    from pipelines.stages import critic as stage
+    from offline_agent.value import endings as endings_module
+    from pipelines.artifacts import CONCORDANCE, CRITIC, FROZEN, learned_values
 
     endings, read = [], endings_module.stored_endings
     monkeypatch.setattr(endings_module, "stored_endings",
                         lambda env, nodes: endings.append(read(env, nodes)) or endings[-1])
     assert run_until(tmp_path, tiny_model_dir, "mine") == 0
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as s:
-        final = s.checkpoint("critic", "", stage.FINAL)
+        final = s.checkpoint("critic", "", CRITIC)
         stats = s.stage("critic").stats
-        values = stage.learned_values(s, tmp_path / "r", 1)
+        values = learned_values(s, tmp_path / "r", 1)
         nodes = [n for t in s.trees("search") for n in s.load_tree(t.tree_id)]
         mine_stats = s.stage("mine").stats
     assert stats == final and (tmp_path / "r" / final["folder"] / "critic.json").is_file()
@@ -389,7 +388,7 @@ def test_the_critic_stage_fits_records_feeds_mining_and_resumes(tmp_path, tiny_m
     assert "search" in report
 
     # done: skipped; left failed with its fit recorded: the record is reused, no refit
-    monkeypatch.setattr("offline_agent.critic.fit.fit", lambda *a: pytest.fail("refit"))
+    monkeypatch.setattr("offline_agent.value.fit.fit", lambda *a: pytest.fail("refit"))
     assert run_until(tmp_path, tiny_model_dir, "critic") == 0
     with Store(tmp_path / "r" / "store.duckdb") as s:
         s.fail_stage("critic", "", "killed")
@@ -408,16 +407,16 @@ def test_the_critic_stage_is_a_noop_unless_learned(tmp_path, tiny_model_dir):
 def test_search_takes_the_critic_search_critic_names(tmp_path, tiny_model_dir):
     """Round 1: the frozen critic (no trees yet) even when learned; round 2: the value model
     critic@1 fitted; none: no critic."""
-    from offline_agent.critic import value_model
-    from offline_agent.critic.learned import LearnedCritic
-    from offline_agent.search.critic import Critic
-    from pipelines.stages.critic import FINAL
+    from offline_agent.search.frozen_critic import FrozenCritic
+    from offline_agent.value import value_model
+    from offline_agent.value.learned_critic import LearnedCritic
+    from pipelines.artifacts import CRITIC
     from pipelines.stages.search import make_critic
 
     model = value_model.build(value_model.load_lm(tiny_model_dir, "cpu"), CriticConfig())
     value_model.save(model, tmp_path / "v", tiny_model_dir, CriticConfig())
     with Store(tmp_path / "s.duckdb") as store:
-        store.set_checkpoint("critic", "", FINAL, {"folder": "v"})
+        store.set_checkpoint("critic", "", CRITIC, {"folder": "v"})
 
         def ctx(critic: str, r: int):
             cfg = RunConfig.load(None, [f"search.critic={critic}", "env.name=tests.fakes:FakeEnv",
@@ -425,9 +424,9 @@ def test_search_takes_the_critic_search_critic_names(tmp_path, tiny_model_dir):
             return SimpleNamespace(cfg=cfg, store=store, run_dir=tmp_path, round=r)
 
         policy = SimpleNamespace()
-        assert isinstance(make_critic(ctx("learned", 1), policy), Critic)
+        assert isinstance(make_critic(ctx("learned", 1), policy), FrozenCritic)
         assert isinstance(make_critic(ctx("learned", 2), policy), LearnedCritic)
-        assert isinstance(make_critic(ctx("frozen", 2), policy), Critic)
+        assert isinstance(make_critic(ctx("frozen", 2), policy), FrozenCritic)
         assert make_critic(ctx("none", 2), policy) is None
 
 

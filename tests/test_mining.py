@@ -16,7 +16,7 @@ from offline_agent.mining.pairs import outcome_pairs, step_pairs, step_params
 from offline_agent.mining.value import child_value
 from offline_agent.types import StepPair, Task
 from storage import NodeRow, Store, TrajectoryRow, TreeRow, make_node_id
-from storage.mining import select_step_pairs, step_pair_inputs
+from storage.step_pairs import select_step_pairs, step_pair_inputs
 from tests.rows import node_row as node
 
 

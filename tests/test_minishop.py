@@ -10,8 +10,8 @@ from offline_agent.envs.base import load_env
 from offline_agent.envs.minishop import MiniShop
 from offline_agent.envs.minishop.catalog import CATEGORIES, build_catalog
 from offline_agent.envs.minishop.goals import LEVELS, Goal, resolve_difficulty
+from offline_agent.envs.minishop.index import build_index, search_ids
 from offline_agent.envs.minishop.pages import RESULTS_PER_PAGE
-from offline_agent.envs.minishop.search import build_index, search_ids
 from offline_agent.types import Task, ToolCall
 
 

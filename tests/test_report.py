@@ -183,7 +183,8 @@ def test_held_out_pair_accuracy_beside_each_trained_policy_hidden_when_none(run_
         report = build_report(store, EvalConfig(bootstrap=500))
     by = {p["policy"]: p for p in report["policies"]}
     assert by["dpo_step"]["held_out"] == figures and by["base"]["held_out"] is None
-    header, _, base, step_dpo, rft = comparison_table(report).splitlines()
+    held_out = comparison_table(report).split("\n\n")[-1]  # its own block on stdout
+    header, _, base, step_dpo, rft = held_out.splitlines()
     assert header.rstrip().endswith("held-out pairs: acc [95% CI] (base); reward acc")
     assert step_dpo.rstrip().endswith(
         "50.0% [9.4, 90.5] of 2 (base 0.0%); reward 100.0% [34.2, 100.0]")
@@ -191,6 +192,41 @@ def test_held_out_pair_accuracy_beside_each_trained_policy_hidden_when_none(run_
     assert base.rstrip().endswith(" -")
     html = write_report(run_dir, report).read_text()
     assert "<td>50.0% [9.4, 90.5] of 2 (base 0.0%); reward 100.0% [34.2, 100.0]</td>" in html
+
+
+def test_the_printed_table_fits_100_columns_with_every_policy_and_every_cell(tmp_path):
+    """Every policy of a two-round run, GRPO, search at inference and held-out pairs: each
+    line stdout gets is at most 100 columns, and it holds every cell of the page's table."""
+    from pipelines.report_table import comparison_rows
+
+    figures = {"left_out_of": "dpo_step_outcome", "kinds": ["step", "trajectory"],
+               "mined": 12345, "n": 1234, "pair_accuracy": 0.5123,
+               "pair_accuracy_ci95": [0.4845, 0.5401], "reward_accuracy": 0.9991,
+               "reward_accuracy_ci95": [0.9953, 0.9998], "base_pair_accuracy": 0.4987,
+               "base_pair_accuracy_ci95": [0.4709, 0.5265]}
+    trained = {"train": ("dpo_outcome", "dpo_step", "dpo_step_outcome", "rft"),
+               "train@2": ("dpo_step", "dpo_step_outcome")}
+    with Store(tmp_path / "store.duckdb") as store:
+        fill(store)
+        for stage, policies in trained.items():
+            for i, policy in enumerate(policies):
+                store.set_checkpoint(stage, "", f"{policy}/final", {
+                    "folder": "x", "step": 5, "held_out": figures if i % 2 else None})
+        store.set_checkpoint("grpo", "", "grpo/final", {"folder": "y", "step": 3})
+        names = ["dpo_outcome", "dpo_step_outcome", "grpo", "dpo_step@2", "dpo_step_outcome@2"]
+        for k, name in enumerate(names):
+            store.insert_eval_episodes(episodes(name, set(range(0, N, 3 + k))), "eval")
+        for name in ("base", "dpo_step", "dpo_step_outcome@2"):
+            store.insert_eval_episodes([replace(r, mode="mcts") for r in episodes(
+                name, set(range(0, N, 2)), invalid_every=3)[:30]], "eval")
+        report = build_report(store, EvalConfig(bootstrap=500, configs_tried=12))
+    assert len(report["policies"]) == 11
+    for width in (100, 60):  # 60: the held-out column wraps onto lines of its own
+        table = comparison_table(report, width)
+        assert max(len(line) for line in table.splitlines()) <= width
+        words = " ".join(table.split())
+        for row in comparison_rows(report["policies"]):
+            assert all(" ".join(cell.split()) in words for cell in row), row
 
 
 def test_search_at_inference_rows_pair_with_the_same_policy_greedy(tmp_path):
@@ -235,8 +271,8 @@ def test_paired_tests_hold_a_trained_policy_s_search_against_its_greedy(tmp_path
     vs_base, vs_greedy = rows["dpo_step +mcts", "base"], rows["dpo_step +mcts", "dpo_step greedy"]
     assert vs_base[2] == "10" and vs_base[3].startswith("+70.0% [") and vs_base[4:6] == ["7", "0"]
     assert vs_greedy[3].startswith("+50.0% [") and vs_greedy[4:6] == ["5", "0"]
-    mcts_row = next(line for line in comparison_table(report).splitlines()
-                    if line.startswith("dpo_step+mcts"))
+    mcts_row = " ".join(line for line in comparison_table(report).splitlines()
+                        if line.startswith("dpo_step+mcts"))  # its line in each block
     assert "(7:0, 1 tried)" in mcts_row and "+50.0% [" in mcts_row
     html = write_report(tmp_path, report).read_text()
     assert "<td>dpo_step +mcts</td><td>dpo_step greedy</td>" in html

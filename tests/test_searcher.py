@@ -8,7 +8,7 @@ import pytest
 
 from offline_agent.policy.base import Completion, Sampling
 from offline_agent.search.config import SearchConfig
-from offline_agent.search.critic import Critic
+from offline_agent.search.frozen_critic import FrozenCritic
 from offline_agent.search.mcts import Tree, drive, simulate
 from offline_agent.search.requests import Critique, Rank, Sample
 from offline_agent.search.searcher import Searcher, rank_available, sample_prompt
@@ -46,7 +46,7 @@ class PromptHashPolicy:
 
 
 def _sequential(policy, env, cfg, tree):
-    critic = Critic(policy, env)
+    critic = FrozenCritic(policy, env)
 
     def serve(req):
         if isinstance(req, Sample):
@@ -79,7 +79,7 @@ def test_batched_equals_sequential_and_commits_every_simulation(tokenizer, env_c
     policy = PromptHashPolicy(tokenizer)
     trees = [Tree.new(t, make_env()) for t in tasks]
     committed = []
-    stats = Searcher(policy, make_env, cfg, Critic(policy, make_env())).run(
+    stats = Searcher(policy, make_env, cfg, FrozenCritic(policy, make_env())).run(
         trees, lambda batch: committed.append(batch), progress=False)
 
     reference = []

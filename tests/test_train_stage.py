@@ -71,6 +71,38 @@ def test_train_stage_trains_each_policy_records_checkpoints_and_skips_when_done(
     assert again["status"] == "skipped"
 
 
+def bar_states(err: str, desc: str) -> list[str]:
+    """The states a tqdm bar named `desc` drew on stderr (each redraw starts with a carriage
+    return), in order."""
+    return [s.strip() for s in err.replace("\n", "\r").split("\r") if s.startswith(desc + ":")]
+
+
+def test_each_policy_shows_a_bar_of_its_steps_with_the_loss(tiny_model_dir, tmp_path,
+                                                            capsys):
+    """What a person sees while train runs: per policy, a bar of its optimizer steps out of the
+    total, each step's loss and elapsed<remaining time; progress.json holds step and steps."""
+    import re
+
+    from pipelines.progress import read_progress
+
+    make_run(tmp_path / "r", rft=True)  # 4 step pairs: 2 steps of 2; 1 RFT example: 1 step
+    cfg = RunConfig.from_dict(config(tiny_model_dir, max_steps=2, batch_size=2,
+                                     policies=["rft", "dpo_step"]))
+    run(cfg, tmp_path / "r", TRAIN)
+    err = capsys.readouterr().err
+    for policy, total in (("rft", 1), ("dpo_step", 2)):
+        states = bar_states(err, f"train {policy}")
+        shown = [re.search(r"\| (\d+)/(\d+) \[(.*)\]$", s).groups() for s in states]
+        assert {int(t) for _, t, _ in shown} == {total}
+        last = {int(n): tail for n, _, tail in shown}  # a step's last redraw, in step order
+        assert list(last) == list(range(total + 1))
+        for n in range(1, total + 1):  # after each step: elapsed<remaining, rate, its loss
+            assert re.fullmatch(r"\d\d:\d\d<\d\d:\d\d, .*step.*, loss=-?\d+\.\d{4}", last[n])
+            assert last[n].endswith(f"loss={losses(tmp_path / 'r', policy)[n]:.4f}")
+    counters = read_progress(tmp_path / "r")["counters"]
+    assert (counters["policy"], counters["step"], counters["steps"]) == ("dpo_step", 2, 2)
+
+
 def test_a_policy_without_data_is_skipped_with_the_reason(tiny_model_dir, tmp_path):
     make_run(tmp_path / "r", n_step=2)
     cfg = RunConfig.from_dict(config(tiny_model_dir, max_steps=1, policies=["dpo_outcome"]))
@@ -138,7 +170,7 @@ def test_adapter_folders_are_recorded_relative_to_the_run_dir(tiny_model_dir, tm
 
 
 def test_a_later_rounds_card_names_the_public_base_and_the_adapters_merged_into_it(tmp_path):
-    from pipelines.rounds import ITERATE
+    from pipelines.artifacts import ITERATE
     from pipelines.stages.train import provenance
 
     cfg = RunConfig.from_dict({"model": {"adapter": "/adapters/start"}})
@@ -180,10 +212,10 @@ def select_run(run_dir: Path, model_dir: str) -> RunConfig:
 
 def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_model_dir,
                                                                         tmp_path, monkeypatch):
-    from pipelines.stages import eval as eval_stage
+    from pipelines import selection
 
     cfg = select_run(tmp_path / "r", tiny_model_dir)
-    real_play, played = eval_stage._play, []
+    real_play, played = selection.play, []
 
     def crash_on_the_second(ctx, model, adapter, tasks, on_done):
         played.append(Path(adapter).name)
@@ -191,7 +223,7 @@ def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_mod
             raise KeyboardInterrupt  # killed after step 1's episodes, before step 2's
         real_play(ctx, model, adapter, tasks, on_done)
 
-    monkeypatch.setattr(eval_stage, "_play", crash_on_the_second)
+    monkeypatch.setattr(selection, "play", crash_on_the_second)
     with pytest.raises(KeyboardInterrupt):
         run(cfg, tmp_path / "r", TRAIN)
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
@@ -203,7 +235,7 @@ def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_mod
                 ).exists()
 
     played.clear()
-    monkeypatch.setattr(eval_stage, "_play", lambda *a: (played.append(Path(a[2]).name),
+    monkeypatch.setattr(selection, "play", lambda *a: (played.append(Path(a[2]).name),
                                                          real_play(*a)))
     monkeypatch.setattr("offline_agent.training.fit.fit_policy",
                         lambda *a, **k: pytest.fail("trained again"))
@@ -236,7 +268,7 @@ def test_select_val_needs_validation_tasks():
 
 
 def test_choose_prefers_success_then_reward_then_the_later_step():
-    from pipelines.stages.select import choose, reason
+    from pipelines.selection import choose, reason
 
     def score(step, success, reward):
         return {"step": step, "success_rate": success, "mean_reward": reward, "n_tasks": 8}

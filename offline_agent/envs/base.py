@@ -19,15 +19,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from offline_agent.call_forms import FORMS, MAX_ARGUMENT_CHARS, bracketable, default_form
 from offline_agent.envs import state_json
 from offline_agent.envs.errors import ActionError, EnvFailure, short
-from offline_agent.envs.parser import FORMS, bracketable, default_form, parse_action, parse_form
+from offline_agent.envs.parser import parse_action, parse_form
 from offline_agent.types import Message, Task, ToolCall
 
 # ActionError and EnvFailure live in errors.py (the parser raises them too) and are importable
 # from here, the contract: envs write `from offline_agent.envs.base import ActionError, Env`.
-
-MAX_ARGUMENT_CHARS = 2000  # longer arguments are refused as invalid actions
 
 log = logging.getLogger(__name__)
 _LOGGED: set[tuple[str, str]] = set()  # (env class, exception type) already logged
@@ -51,7 +50,7 @@ class Env(ABC):
     max_action_tokens: int = 48  # token budget of one reply
     state_type: type | None = None  # dataclass of `self.state`; None: the state is JSON data
     max_parse_chars: int = 20_000  # only this much of a reply is parsed (bounds hostile text)
-    # tool name -> the form constrained decoding writes its calls in (one of parser.FORMS),
+    # tool name -> the form constrained decoding writes its calls in (one of call_forms.FORMS),
     # over what `tool_syntax` detects from the demonstration
     call_syntax: dict[str, str] = {}
     # tools whose call ends the episode (running the reward): verifier-free search (eval.mcts)
@@ -115,10 +114,10 @@ class Env(ABC):
         return self.tools
 
     def tool_syntax(self) -> dict[str, str]:
-        """Each tool's call form (parser.FORMS), as constrained decoding writes it: `call_syntax`
+        """Each tool's call form (call_forms.FORMS), as constrained decoding writes it: `call_syntax`
         where it names the tool, else the form the demonstration's first call of the tool was
         written in, else the form most of the demonstration's calls use (a tool without
-        parameters: its bare name after bracket calls), else `parser.default_form` (bare name,
+        parameters: its bare name after bracket calls), else `call_forms.default_form` (bare name,
         bracket text for one parameter, call syntax for several). The model copies the
         demonstration: a grammar of another form makes it write the whole call as one value."""
         if self._syntax is None:

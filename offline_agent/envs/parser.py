@@ -9,7 +9,7 @@ Accepted, wherever they start in the text (the earliest one wins, chatter is ign
 Tool names match case-insensitively; number-typed parameters given as text are converted.
 Anything else raises ActionError with a message meant to be shown to the model.
 
-`parse_form` also says which of the FORMS a call was written in: an env's demonstration tells
+`parse_form` also says which of the FORMS (offline_agent/call_forms.py) a call was written in: an env's demonstration tells
 constrained decoding which form to write per tool (`Env.tool_syntax`, policy/grammar.py).
 """
 
@@ -23,6 +23,7 @@ import re
 import textwrap
 from typing import Any
 
+from offline_agent.call_forms import FORMS
 from offline_agent.envs.errors import ActionError, short
 from offline_agent.types import ToolCall
 
@@ -35,10 +36,6 @@ _JSON_TRIES, _JSON_WINDOW = 16, 20_000
 _TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL | re.IGNORECASE)
 
 Found = tuple[int, "ToolCall | ActionError"]  # (position in text, call or the reason it is bad)
-# the call forms, as constrained decoding names them: `<tool_call>` tags, JSON, `name[text]`,
-# `name(key="v", n=2)` (or positional `name("v")`), a bare name
-FORMS = ("tag", "json", "bracket", "call", "bare")
-BRACKET_TYPES = ("string", "number", "integer")  # what bracket text reads back as written
 
 
 def parse_action(text: str, tools: list[dict]) -> ToolCall:
@@ -68,22 +65,6 @@ def parse_form(text: str, tools: list[dict]) -> tuple[ToolCall, str]:
     if isinstance(result, ActionError):
         raise result
     return _coerce(result, specs[result.name.lower()]), form
-
-
-def default_form(spec: dict) -> str:
-    """The form of a tool no demonstration shows: its bare name without parameters, bracket
-    text for one parameter that bracket text reads back as written, else call syntax."""
-    props = _properties(spec)
-    if not props:
-        return "bare"
-    return "bracket" if len(props) == 1 and bracketable(next(iter(props.values()))) else "call"
-
-
-def bracketable(schema: dict) -> bool:
-    """Bracket text reads this parameter's values back as written (it strips whitespace)."""
-    if "enum" in schema:
-        return all(isinstance(v, str) and v == v.strip() and v for v in schema["enum"])
-    return schema.get("type") in BRACKET_TYPES
 
 
 # ---- finders: each returns the earliest match of its form, or None ---------------------------

@@ -1,6 +1,6 @@
 """Reward balancing: caps that keep pairs round-robin across margin bins, seeded.
 
-The same rules run as SQL window functions in storage (storage/mining.py); this module is
+The same rules run as SQL window functions in storage (storage/step_pairs.py); this module is
 their plain-Python statement, the oracle the tests and benchmarks/mining.py compare with.
 At each level (an expanded node, a task, everything) a group keeps at most `cap` items: the
 first of each bin, then the second of each, ... (so near-ties and clear wins both stay when

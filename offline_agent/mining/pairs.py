@@ -4,7 +4,7 @@ Step pairs: at an expanded node every child is valued by eq. 10 (`value.child_va
 terminal child is worth its env reward, others alpha*Q_mcts + (1-alpha)*critic score).
 Siblings whose Q differ by at least theta make a pair, the higher one chosen; an invalid
 action is never chosen and is rejected only if `invalid_rejected`. The store runs the same
-rules in SQL over all nodes at once (storage/mining.py); `step_pairs` here is the oracle it is
+rules in SQL over all nodes at once (storage/step_pairs.py); `step_pairs` here is the oracle it is
 tested against. Both take their settings as one StepPairParams (`step_params`).
 """
 

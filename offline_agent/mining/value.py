@@ -1,6 +1,6 @@
 """A stored child's value Q for step-pair mining: Agent Q's eq. 10, the one definition.
 
-The SQL pass (storage/mining.py, `valued` CTE) computes this same expression over every node
+The SQL pass (storage/step_pairs.py, `valued` CTE) computes this same expression over every node
 at once; tests/test_mining.py checks the two agree row for row (the Python oracle calls this).
 
     terminal child:     Q = its env reward (0 if none was recorded)
@@ -10,7 +10,7 @@ at once; tests/test_mining.py checks the two agree row for row (the Python oracl
 
 `critic` is the child's critic score, or 1/(number of siblings) without one, as in selection.
 With a learned critic fitted (search.critic: learned, stage `critic`), `critic` is its value
-V(state, action) of the child instead (offline_agent/critic/; the stage predicts every node of
+V(state, action) of the child instead (offline_agent/value/; the stage predicts every node of
 the round's trees, and mining passes those predictions in place of the stored scores).
 
 Why a terminal child is worth its reward alone: eq. 10 mixes an estimate of the return

@@ -3,8 +3,8 @@
 Pure text in, text out: both backends compile the same string (hf with xgrammar's matcher,
 vLLM with its structured outputs), so what one accepts the other accepts.
 
-Each tool is called in its form (the spec's "syntax", one of `parser.FORMS`, which
-`Env.call_tools` sets from the env's demonstration; without it `parser.default_form`), so the
+Each tool is called in its form (the spec's "syntax", one of `call_forms.FORMS`, which
+`Env.call_tools` sets from the env's demonstration; without it `call_forms.default_form`), so the
 parser reads back exactly what was written:
   buy                                          bare: a tool without required parameters
   search[red shirt]   answer[84]              bracket: one string / number / integer parameter
@@ -32,8 +32,13 @@ import functools
 import json
 from dataclasses import dataclass
 
-from offline_agent.envs.base import MAX_ARGUMENT_CHARS
-from offline_agent.envs.parser import BRACKET_TYPES, FORMS, bracketable, default_form
+from offline_agent.call_forms import (
+    BRACKET_TYPES,
+    FORMS,
+    MAX_ARGUMENT_CHARS,
+    bracketable,
+    default_form,
+)
 
 from .base import Sampling
 
@@ -129,7 +134,7 @@ def tool_call_grammar(tools: list[dict], budget: int, stop: tuple[str, ...]) -> 
 def _call(tool: dict, i: int, endings: tuple[str, ...], rules: list[str],
           closings: list[Closing]) -> tuple[str, int, int]:
     """One tool's call in its form (the tool's "syntax", `Env.tool_syntax`; without one,
-    `parser.default_form`): (rule name, characters before its free parts, characters that
+    `call_forms.default_form`): (rule name, characters before its free parts, characters that
     finish it from inside); its rules are appended to `rules`."""
     spec = tool["function"]
     name, props = spec["name"], spec.get("parameters", {}).get("properties", {})

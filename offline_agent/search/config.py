@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from offline_agent.config_fields import config_field as _f
+from offline_agent.config_fields import config_field
 from offline_agent.search.requests import MAX_ACTIONS
 
 CRITICS = ("frozen", "learned", "none")
@@ -12,38 +12,45 @@ CRITICS = ("frozen", "learned", "none")
 
 @dataclass
 class SearchConfig:
-    simulations: int = _f(8, "MCTS simulations per task (select, expand, rollout, backup)")
-    k: int = _f(4, "children of an expanded node: the first k distinct proposals, valid ones "
-                   "first, at most one invalid")
-    oversample: int = _f(2, "an expansion samples k*oversample actions (the greedy one first), "
-                            "so duplicates and invalid draws still leave k distinct children")
-    listed: int = _f(2, "children an expansion takes from Env.available_actions that no sample "
-                        "proposed (docs/architecture.md); 0: sampled proposals only")
-    c: float = _f(1.0, "exploration constant in UCB1 / PUCT")
-    selection: str = _f("ucb1", "ucb1 (Agent Q eq. 7) or puct (critic score as prior)")
-    max_depth: int = _f(8, "deepest node (agent steps) a tree or rollout may reach")
-    expand_temperature: float = _f(1.0, "sampling temperature for the K proposals")
-    expand_greedy: bool = _f(True, "the first of the K proposals is the greedy action, so the "
-                                   "tree always holds the step greedy decoding would take")
-    rollout_temperature: float = _f(0.7, "sampling temperature for rollouts to a terminal state")
-    alpha: float = _f(0.5, "MCTS weight in the value alpha*Q_mcts + (1-alpha)*Q_critic "
-                           "(Agent Q eq. 10) that selection uses; mining has mine.alpha")
-    finish: bool = _f(True, "try the listed endings on snapshots, no model call; verifier-free: "
-                            "the learned critic values them, never run (docs/architecture.md)")
-    step_cost: float = _f(0.0, "reward subtracted per agent step of a rollout")
-    critic: str = _f("frozen", "frozen: the base model ranks the proposals (old name logprob, "
-                               "still accepted); learned: stage critic's value model (round 1: "
-                               "frozen); none: uniform")
-    leaf_value: str = _f("rollout", "a new leaf's value: rollout (to a terminal state), critic "
-                                    "(its score, no rollout; changes the trees) or mix (their "
-                                    "mean); docs/architecture.md")
-    verifier: bool = _f(True, "read the env's reward; false: verifier-free, as eval.mcts runs it "
-                              "(needs leaf_value critic, and with finish the learned critic; "
-                              "docs/architecture.md)")
-    trees_per_batch: int = _f(16, "trees advanced together; one generate call serves them all")
-    seed: int = _f(0, "base seed; sampling is seeded per (task, simulation)")
-    shard: str = _f("0/1", "i/n: search tasks[i::n] only (scale-out over machines)",
-                    hashed=False)
+    simulations: int = config_field(8, "MCTS simulations per task (select, expand, rollout, "
+                                       "backup)")
+    k: int = config_field(4, "children of an expanded node: the first k distinct proposals, valid "
+                             "ones first, at most one invalid")
+    oversample: int = config_field(2, "an expansion samples k*oversample actions (the greedy one "
+                                      "first), so duplicates and invalid draws still leave k "
+                                      "distinct children")
+    listed: int = config_field(2, "children an expansion takes from Env.available_actions that no "
+                                  "sample proposed (docs/architecture.md); 0: sampled proposals "
+                                  "only")
+    c: float = config_field(1.0, "exploration constant in UCB1 / PUCT")
+    selection: str = config_field("ucb1", "ucb1 (Agent Q eq. 7) or puct (critic score as prior)")
+    max_depth: int = config_field(8, "deepest node (agent steps) a tree or rollout may reach")
+    expand_temperature: float = config_field(1.0, "sampling temperature for the K proposals")
+    expand_greedy: bool = config_field(True, "the first of the K proposals is the greedy action, "
+                                             "so the tree always holds the step greedy decoding "
+                                             "would take")
+    rollout_temperature: float = config_field(0.7, "sampling temperature for rollouts to a "
+                                                   "terminal state")
+    alpha: float = config_field(0.5, "MCTS weight in the value alpha*Q_mcts + (1-alpha)*Q_critic "
+                                     "(Agent Q eq. 10) that selection uses; mining has mine.alpha")
+    finish: bool = config_field(True, "try the listed endings on snapshots, no model call; "
+                                      "verifier-free: the learned critic values them, never run "
+                                      "(docs/architecture.md)")
+    step_cost: float = config_field(0.0, "reward subtracted per agent step of a rollout")
+    critic: str = config_field("frozen", "frozen: the base model ranks the proposals (old name "
+                                         "logprob, still accepted); learned: stage critic's value "
+                                         "model (round 1: frozen); none: uniform")
+    leaf_value: str = config_field("rollout", "a new leaf's value: rollout (to a terminal state), "
+                                              "critic (its score, no rollout; changes the trees) "
+                                              "or mix (their mean); docs/architecture.md")
+    verifier: bool = config_field(True, "read the env's reward; false: verifier-free, as "
+                                        "eval.mcts runs it (needs leaf_value critic, and with "
+                                        "finish the learned critic; docs/architecture.md)")
+    trees_per_batch: int = config_field(16, "trees advanced together; one generate call serves "
+                                            "them all")
+    seed: int = config_field(0, "base seed; sampling is seeded per (task, simulation)")
+    shard: str = config_field("0/1", "i/n: search tasks[i::n] only (scale-out over "
+                                     "machines)", hashed=False)
 
     def __post_init__(self):
         if self.critic == "logprob":  # the frozen critic's name before issue 23

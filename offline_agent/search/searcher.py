@@ -23,7 +23,7 @@ from offline_agent.chat import history_messages, render_prompt
 from offline_agent.envs.base import Env
 from offline_agent.policy.base import Policy, Sampling
 from offline_agent.search.config import SearchConfig
-from offline_agent.search.critic import Critic
+from offline_agent.search.frozen_critic import FrozenCritic
 from offline_agent.search.mcts import SimulationResult, Tree, simulate
 from offline_agent.search.requests import Critique, Rank, Sample
 from offline_agent.seeding import stable_seed
@@ -64,7 +64,7 @@ def rank_available(policy: Policy, env: Env, requests: list[Rank]) -> list[list[
 
 class Searcher:
     def __init__(self, policy: Policy, make_env: Callable[[], Env], cfg: SearchConfig,
-                 critic: Critic | None = None):
+                 critic: FrozenCritic | None = None):
         if cfg.leaf_value != "rollout" and critic is None:
             raise ValueError(f"search.leaf_value {cfg.leaf_value} needs a critic, got None")
         self.policy, self.make_env, self.cfg, self.critic = policy, make_env, cfg, critic

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from offline_agent.config_fields import config_field as _f
+from offline_agent.config_fields import config_field
 
 POLICIES = ("rft", "dpo_outcome", "dpo_step", "dpo_step_outcome")
 LOSSES = ("sigmoid", "ipo", "rpo")
@@ -16,40 +16,47 @@ class TrainConfig:
         default_factory=lambda: ["rft", "dpo_outcome", "dpo_step"],
         metadata={"help": "policies to train, of rft, dpo_outcome, dpo_step, dpo_step_outcome "
                           "(docs/training.md)"})
-    iterate: str | None = _f(None, "with run.iterations > 1: the policy whose final adapter the "
-                                   "next round searches with; null: the last of train.policies")
-    loss: str = _f("sigmoid", "DPO loss: sigmoid (DPO), ipo, or rpo (DPO + rpo_alpha * NLL of "
-                              "the chosen actions)")
-    beta: float = _f(0.1, "DPO temperature: how far the policy may move from the reference")
-    rpo_alpha: float = _f(1.0, "weight of the chosen-action NLL in the rpo loss")
-    lr: float = _f(1e-4, "peak learning rate (AdamW), reached after warmup_steps")
-    warmup_steps: int = _f(2, "linear warmup steps; the rate then decays linearly to 0")
-    weight_decay: float = _f(0.0, "AdamW weight decay of the adapter weights")
-    epochs: int = _f(2, "passes over a policy's pairs (or RFT examples)")
-    max_steps: int = _f(0, "stop after this many optimizer steps; 0: epochs decide")
-    batch_size: int = _f(8, "pairs (RFT: examples) per optimizer step")
-    pack_tokens: int = _f(3072, "most tokens in one forward: a step's sequences are packed into "
-                                "prefix tries of at most this size, gradients accumulated")
-    max_pairs: int = _f(0, "cap on a policy's pairs (RFT: examples), a seeded sample; 0: all")
-    lora_r: int = _f(16, "LoRA rank")
-    lora_alpha: int = _f(32, "LoRA scaling numerator (scale = alpha / r)")
-    lora_dropout: float = _f(0.0, "dropout on the LoRA input")
+    iterate: str | None = config_field(None, "with run.iterations > 1: the policy whose final "
+                                             "adapter the next round searches with; null: the "
+                                             "last of train.policies")
+    loss: str = config_field("sigmoid", "DPO loss: sigmoid (DPO), ipo, or rpo (DPO + rpo_alpha * "
+                                        "NLL of the chosen actions)")
+    beta: float = config_field(0.1, "DPO temperature: how far the policy may move from the "
+                                    "reference")
+    rpo_alpha: float = config_field(1.0, "weight of the chosen-action NLL in the rpo loss")
+    lr: float = config_field(1e-4, "peak learning rate (AdamW), reached after warmup_steps")
+    warmup_steps: int = config_field(2, "linear warmup steps; the rate then decays linearly to 0")
+    weight_decay: float = config_field(0.0, "AdamW weight decay of the adapter weights")
+    epochs: int = config_field(2, "passes over a policy's pairs (or RFT examples)")
+    max_steps: int = config_field(0, "stop after this many optimizer steps; 0: epochs decide")
+    batch_size: int = config_field(8, "pairs (RFT: examples) per optimizer step")
+    pack_tokens: int = config_field(3072, "most tokens in one forward: a step's sequences are "
+                                          "packed into prefix tries of at most this size, "
+                                          "gradients accumulated")
+    max_pairs: int = config_field(0, "cap on a policy's pairs (RFT: examples), a seeded sample; "
+                                     "0: all")
+    lora_r: int = config_field(16, "LoRA rank")
+    lora_alpha: int = config_field(32, "LoRA scaling numerator (scale = alpha / r)")
+    lora_dropout: float = config_field(0.0, "dropout on the LoRA input")
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
                                  "gate_proj", "up_proj", "down_proj"],
         metadata={"help": "linear layers that get LoRA adapters"})
-    quantization: str = _f("none", "none, or 4bit: QLoRA, the base in NF4 via bitsandbytes")
-    gradient_checkpointing: bool = _f(False, "recompute activations in backward: less memory, "
-                                             "one more forward of time")
-    dtype: str = _f("auto", "auto (bfloat16 on a GPU that supports it, else float32), "
-                            "float32 or bfloat16 (on CPU opt-in: it changes the losses)")
-    save_every: int = _f(10, "checkpoint (adapter, optimizer, scheduler, data order, RNG) every "
-                             "this many steps; the final adapter is always saved")
-    select: str = _f("last", "a policy's final adapter: last (its last step's) or val (the "
-                             "checkpoint best on the validation tasks; changes what eval plays)")
-    seed: int = _f(0, "seed of data order, pair sampling, LoRA init and dropout")
-    merge: bool = _f(False, "also write the merged full model to "
-                            "RUN_DIR/checkpoints/train/<policy>/merged")
+    quantization: str = config_field("none", "none, or 4bit: QLoRA, the base in NF4 via "
+                                             "bitsandbytes")
+    gradient_checkpointing: bool = config_field(False, "recompute activations in backward: less "
+                                                       "memory, one more forward of time")
+    dtype: str = config_field("auto", "auto (bfloat16 on a GPU that supports it, else float32), "
+                                      "float32 or bfloat16 (on CPU opt-in: it changes the losses)")
+    save_every: int = config_field(10, "checkpoint (adapter, optimizer, scheduler, data order, "
+                                       "RNG) every this many steps; the final adapter is always "
+                                       "saved")
+    select: str = config_field("last", "a policy's final adapter: last (its last step's) or val "
+                                       "(the checkpoint best on the validation tasks; changes "
+                                       "what eval plays)")
+    seed: int = config_field(0, "seed of data order, pair sampling, LoRA init and dropout")
+    merge: bool = config_field(False, "also write the merged full model to "
+                                      "RUN_DIR/checkpoints/train/<policy>/merged")
 
     def __post_init__(self):
         for p in self.policies:

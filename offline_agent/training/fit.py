@@ -49,7 +49,7 @@ def fit_policy(policy: str, rows: list[dict], model_id: str, cfg: TrainConfig, f
                                               cfg.pack_tokens, folder, accelerator)
         objective = DPOObjective(items, reference, cfg)
     metrics = train(model, objective, cfg, folder, accelerator, resume=resume,
-                    on_metrics=on_metrics, on_checkpoint=on_checkpoint)
+                    on_metrics=on_metrics, on_checkpoint=on_checkpoint, desc=f"train {policy}")
     out = {**metrics, "items": len(items),
            "action_tokens": sum(s.action_tokens for seqs in items for s in seqs),
            "agent_tokens": count_agent_tokens(tokenizer, policy, rows, items)}

@@ -28,7 +28,6 @@ from offline_agent.chat import encode_prompt_completion
 from offline_agent.types import Message
 
 from . import trie_attention
-from .grpo import masked_logprobs
 
 
 @dataclass
@@ -178,7 +177,7 @@ def token_logps(model, packed: Packed, temperature: float = 1.0, entropy: bool =
     `temperature` (GRPO's ratio is taken at the sampling temperature), and with `entropy`
     the entropy of each of those distributions (T,) (no grad). `masks`: (allowed, merged),
     each (T, V) bool, renormalise each token's distribution over its allowed tokens, the
-    merged ones' mass counted as the token's (grpo.masked_logprobs: a constrained decoder's
+    merged ones' mass counted as the token's (masked_logprobs: a constrained decoder's
     distribution).
 
     One forward over the flattened trie, its attention scoring each query only against the
@@ -224,3 +223,25 @@ def sequence_logps(model, packed: Packed) -> torch.Tensor:
     picked, _ = token_logps(model, packed)
     out = torch.zeros(packed.num_seqs, device=picked.device, dtype=torch.float32)
     return out.index_add(0, packed.owner.to(picked.device), picked)
+
+
+def masked_logprobs(logits: torch.Tensor, allowed: torch.Tensor, tokens: torch.Tensor,
+                    merged: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-prob of each token under the logits renormalised over its allowed tokens: the
+    distribution a grammar-constrained policy samples from (model.constrain: tools), which
+    GRPO's ratio and KL both use (docs/training.md). logits (..., V), already divided by the
+    sampling temperature; allowed (..., V) bool; tokens (...,). `merged` (..., V) bool: the
+    tokens whose draws the decoder turned into the token (constrained.py's `settle`), whose
+    mass counts as the token's (None: only the token). A token outside its allowed set
+    raises: it could not have been sampled, and its -inf would make the ratio NaN."""
+    if allowed.shape != logits.shape:
+        raise ValueError(f"allowed {tuple(allowed.shape)} must match logits {tuple(logits.shape)}")
+    picked = tokens.unsqueeze(-1)
+    if not bool(allowed.gather(-1, picked).all()):
+        raise ValueError("a token outside its allowed set: the grammar mask does not match "
+                         "the tokens sampled under it")
+    logp = logits.float().masked_fill(~allowed, float("-inf")).log_softmax(-1)
+    if merged is None:
+        return logp.gather(-1, picked).squeeze(-1)
+    drawn = (merged & allowed).scatter(-1, picked, True)
+    return logp.masked_fill(~drawn, float("-inf")).logsumexp(-1)

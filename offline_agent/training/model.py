@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from offline_agent.extras import require
+from offline_agent.optional_deps import require
 from offline_agent.policy.adapters import drop_kernel_note, import_peft, merge_adapter, quiet_peft
 from offline_agent.policy.models import resolve_model
 

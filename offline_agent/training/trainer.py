@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from . import checkpoint
 from .config import TrainConfig
@@ -50,12 +51,15 @@ def schedule(warmup: int, total: int) -> Callable[[int], float]:
 
 def train(model, objective, cfg: TrainConfig, folder: Path, accelerator, *,
           resume: str | None = None, on_metrics: Callable[[int, dict], None] = lambda s, m: None,
-          on_checkpoint: Callable[[int, Path], None] = lambda s, f: None) -> dict:
+          on_checkpoint: Callable[[int, Path], None] = lambda s, f: None,
+          desc: str = "train") -> dict:
     """Train `model` (a PEFT model) on `objective.items`; returns the last step's metrics and
     the number of steps done (key "step").
 
     Checkpoints go to folder/step-<n> (the previous one is deleted once the new one is
-    recorded by on_checkpoint); the final adapter to folder/final.
+    recorded by on_checkpoint); the final adapter to folder/final. The main process shows a
+    progress bar named `desc` on stderr (step of total, loss, elapsed and remaining), as
+    search shows its simulations.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -67,16 +71,21 @@ def train(model, objective, cfg: TrainConfig, folder: Path, accelerator, *,
         start, order = checkpoint.load(Path(resume), model, optimizer, scheduler)
     model.train()
     metrics: dict = {}
+    bar = tqdm(total=total, initial=start, desc=desc, unit="step",
+               disable=not accelerator.is_main_process)
     for step in range(start, total):
         indices = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
         metrics = run_step(model, objective, indices, params, optimizer, scheduler, cfg,
                            accelerator)
+        bar.update(1)
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}")
         if accelerator.is_main_process:
             on_metrics(step + 1, metrics)
         if (step + 1) % cfg.save_every == 0 and step + 1 < total:
             _save_step(folder, model, optimizer, scheduler, step + 1, order, accelerator,
                        on_checkpoint)
         after_step(step + 1)
+    bar.close()
     if accelerator.is_main_process:
         checkpoint.write_atomic(folder / "final", model.save_pretrained)
     return {**metrics, "step": total}

@@ -5,6 +5,10 @@ the stage function reads as ctx.round.
 
 Stage modules import heavy libraries (torch, transformers) inside their functions, so that
 `offline-agent status` and `--help` stay fast.
+
+A stage module never imports another stage module (tests/test_imports.py): what one stage
+leaves for another (round k's model, the fitted critic, trained adapters, stats keys) is found
+and loaded through pipelines/artifacts.py. This file alone names them all.
 """
 
 from pipelines.rounds import round_name

@@ -1,6 +1,6 @@
 """Stage `critic`: fit the learned value critic on the stored trees (search.critic: learned),
 their children's returns and the rewards of the listed endings at their states (read on the
-stored snapshots: offline_agent/critic/endings.py).
+stored snapshots: offline_agent/value/endings.py).
 
 It runs between search and mine because mining reads it: with search.critic learned, eq. 10's
 Q_critic of every stored child is the fitted V(state, action), not the frozen critic's stored
@@ -12,8 +12,9 @@ has no trees to learn from and uses the frozen critic.
 
 Resumable: the fitted folder (value_model.save: head, metadata, LoRA adapter) is written whole
 under RUN_DIR/checkpoints/<stage>/final with every stored node's predicted value
-(values.json), then recorded in the store under "critic/final" with the fit's statistics; a
-stage that finds that record skips the fit. A fit interrupted before it refits from the start
+(values.json), then recorded in the store under "critic/final" with the fit's statistics
+(search, mine and eval load it through pipelines/artifacts.py); a stage that finds that
+record skips the fit. A fit interrupted before it refits from the start
 (seeded: the same critic). Its stats hold the learned critic's concordance on the held-out
 tasks' trees and, beside it, the frozen critic's on the same trees.
 """
@@ -24,14 +25,11 @@ import json
 from pathlib import Path
 
 from offline_agent.search.concordance import concordance
+from pipelines.artifacts import CONCORDANCE, CRITIC, FROZEN, VALUES
 from pipelines.config import make_env
-from pipelines.report_table import CONCORDANCE, FROZEN
 from pipelines.rounds import round_name
 from pipelines.runner import RunError, StageContext
 from storage import NodeRow, Store
-
-FINAL = "critic/final"  # the store's checkpoint key of a finished fit
-VALUES = "values.json"  # node id -> V, beside the fitted model
 
 
 def run_critic(ctx: StageContext) -> dict:
@@ -39,41 +37,10 @@ def run_critic(ctx: StageContext) -> dict:
     if cfg.search.critic != "learned":
         stats = {"skipped": "search.critic is not learned"}
     else:
-        stats = store.checkpoint(ctx.stage, ctx.shard, FINAL) or _fit(ctx)
+        stats = store.checkpoint(ctx.stage, ctx.shard, CRITIC) or _fit(ctx)
     with store.transaction():
         ctx.mark_done(stats)
     return stats
-
-
-def fitted_folder(store: Store, run_dir: Path, r: int) -> Path | None:
-    """The folder of the critic round r's stage fitted (None: round r fitted none)."""
-    final = store.checkpoint(round_name("critic", r), "", FINAL)
-    return None if final is None else run_dir / final["folder"]
-
-
-def load_learned(ctx: StageContext, r: int):
-    """The value model critic@r fitted, ready to score (search in round r + 1, eval.mcts in
-    round r); a RunError where it fitted none."""
-    from offline_agent.critic.learned import LearnedCritic
-    from offline_agent.critic.value_model import resolve_device
-
-    return LearnedCritic.load(_fitted(ctx.store, ctx.run_dir, r), make_env(ctx.cfg),
-                              resolve_device(ctx.cfg.model.device), ctx.cfg.critic.pack_tokens)
-
-
-def learned_values(store: Store, run_dir: Path, r: int) -> dict[int, float]:
-    """node id -> V of every node of the trees critic@r fitted on, as mining reads them."""
-    values = json.loads((_fitted(store, run_dir, r) / VALUES).read_text())
-    return {int(k): v for k, v in values.items()}
-
-
-def _fitted(store: Store, run_dir: Path, r: int) -> Path:
-    """fitted_folder, or a RunError where round r fitted none."""
-    folder = fitted_folder(store, run_dir, r)
-    if folder is None:
-        raise RunError(f"search.critic is learned, but stage {round_name('critic', r)!r} has "
-                       "fitted no critic; run it first")
-    return folder
 
 
 def stored_trees(store: Store, r: int) -> list[tuple[str, list[NodeRow]]]:
@@ -84,10 +51,10 @@ def stored_trees(store: Store, r: int) -> list[tuple[str, list[NodeRow]]]:
 
 
 def _fit(ctx: StageContext) -> dict:
-    from offline_agent.critic import value_model
-    from offline_agent.critic.endings import stored_endings
-    from offline_agent.critic.fit import encode_tree, fit, predict
     from offline_agent.training.checkpoint import write_atomic
+    from offline_agent.value import value_model
+    from offline_agent.value.endings import stored_endings
+    from offline_agent.value.fit import encode_tree, fit, predict
 
     cfg, store = ctx.cfg, ctx.store
     trees = stored_trees(store, ctx.round)
@@ -116,6 +83,6 @@ def _fit(ctx: StageContext) -> dict:
              **fitted.metrics, "concordance_trees": len(held_out),
              CONCORDANCE: concordance(held_out, lambda c: values.get(c.node_id)),
              FROZEN: concordance(held_out)}
-    store.set_checkpoint(ctx.stage, ctx.shard, FINAL, stats)
+    store.set_checkpoint(ctx.stage, ctx.shard, CRITIC, stats)
     return stats
 

@@ -7,29 +7,22 @@ them. Each episode is
 committed as it ends; a resumed stage skips the (policy, mode, task) rows it already has.
 The statistics are left to the report, which recomputes them from the rows. With eval.mcts,
 each policy also plays the first eval.mcts_tasks test tasks with search at inference
-(offline_agent/search/inference.py: verifier-free MCTS, then the committed episode), stored
-as mode `mcts` one task at a time, so a resumed stage searches only the tasks it lacks.
+(pipelines/play.py, offline_agent/search/inference.py: verifier-free MCTS, then the committed
+episode), stored as mode `mcts` one task at a time, so a resumed stage searches only the tasks
+it lacks.
 Round k >= 2's stage (eval@k) plays the policies train@k finished (named `<policy>@k`), each
 on top of round k's model; base is played once, by round 1's.
 """
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
-from offline_agent.evaluation import (
-    BASE,
-    MCTS_MODE,
-    MODE,
-    Episode,
-    episode_row,
-    greedy_episodes,
-    summarize,
-)
-from offline_agent.types import Task, Trajectory
-from pipelines.config import make_env
-from pipelines.rounds import round_model, round_name
+from offline_agent.evaluation import BASE, MCTS_MODE, MODE, Episode, episode_row, summarize
+from offline_agent.types import Trajectory
+from pipelines.artifacts import round_model
+from pipelines.play import play
+from pipelines.rounds import round_name
 from pipelines.runner import StageContext
 
 
@@ -75,7 +68,7 @@ def run_eval(ctx: StageContext) -> dict:
             ctx.progress.update(policy=name, episodes_done=done, episodes=total)
 
         model = cfg.model if name == BASE else round_model(cfg, store, ctx.run_dir, ctx.round)
-        searched[name] = _play(ctx, model, adapter, todo, on_done)
+        searched[name] = play(ctx, model, adapter, todo, on_done)
     stats = _stats(store, cfg.eval, policies, modes, searched)
     with store.transaction():
         ctx.mark_done(stats)
@@ -96,50 +89,3 @@ def _stats(store, eval_cfg, policies, modes, searched: dict[str, dict]) -> dict:
             if mode == MCTS_MODE and name in searched:
                 stats[key]["search"] = searched[name]
     return stats
-
-
-def inference_critic(ctx: StageContext, policy, env):
-    """The critic search at inference values leaves with: with search.critic learned, the
-    value model this round's critic stage fitted on the train tasks' trees; else the frozen
-    critic (the policy scoring its own candidates)."""
-    from offline_agent.search.critic import Critic
-
-    if ctx.cfg.search.critic != "learned":
-        return Critic(policy, env)
-    from pipelines.stages.critic import load_learned
-
-    return load_learned(ctx, ctx.round)
-
-
-def _play(ctx: StageContext, model, adapter: str | None, todo: dict[str, list[Task]],
-          on_done) -> dict:
-    """Load one policy (`adapter` on `model`), play its tasks in each mode, free it before the
-    next policy loads. Returns the totals of its searches at inference (if any ran)."""
-    from offline_agent.policy import load_policy
-
-    cfg = ctx.cfg
-    policy = load_policy(**{**vars(model), "adapter": adapter or model.adapter},
-                         seed=cfg.run.seed)
-    try:
-        greedy_episodes(policy, lambda: make_env(cfg), todo[MODE], batch_size=cfg.model.max_batch,
-                        on_done=lambda t: on_done(t, MODE))
-        return _search(ctx, policy, todo.get(MCTS_MODE, []), lambda t: on_done(t, MCTS_MODE))
-    finally:
-        del policy
-        gc.collect()
-
-
-def _search(ctx: StageContext, policy, tasks: list[Task], on_done) -> dict:
-    """Search at inference on `tasks` (offline_agent/search/inference.py); {} for none."""
-    from offline_agent.search.inference import inference_config, search_and_commit
-    from offline_agent.search.searcher import Searcher
-
-    if not tasks:
-        return {}
-    cfg = ctx.cfg
-    search = inference_config(cfg.search, cfg.eval.mcts_simulations)
-    critic = inference_critic(ctx, policy, make_env(cfg))
-    searcher = Searcher(policy, lambda: make_env(cfg), search, critic)
-    totals = search_and_commit(policy, lambda: make_env(cfg), tasks, searcher,
-                               cfg.model.max_batch, on_done, commit=cfg.eval.mcts_commit)
-    return {k: round(v, 3) for k, v in totals.items()}

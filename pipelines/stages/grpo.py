@@ -2,22 +2,23 @@
 
 Starts from the final adapter of grpo.init (a policy the train stage finished; base: a fresh
 adapter), samples groups on the train tasks and updates the adapter online
-(offline_agent/training/grpo_train.py). Every step's metrics land in the metrics table
-(series "grpo") and in run.report_to's trackers; a step checkpoint (adapter, optimizer,
-scheduler, RNG) is recorded under "grpo" and an interrupted stage resumes from it with the
-same next rollouts; the final adapter under "grpo/final", which the eval stage plays as
-policy "grpo". With grpo.select: val the step checkpoints are kept and the one best on the
-validation tasks becomes that final adapter (as train.select), so the step count is chosen
-there.
+(offline_agent/training/grpo/train.py), with a progress bar on stderr and the step of
+grpo.steps in progress.json. Every step's metrics land in the metrics table (series "grpo")
+and in run.report_to's trackers; a step checkpoint (adapter, optimizer, scheduler, RNG) is
+recorded under "grpo" and an interrupted stage resumes from it with the same next rollouts;
+the final adapter under "grpo/final", which the eval stage plays as policy "grpo". With
+grpo.select: val the step checkpoints are kept and the one best on the validation tasks
+becomes that final adapter (as train.select), so the step count is chosen there.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pipelines.artifacts import keep_candidate
 from pipelines.config import make_env
 from pipelines.runner import RunError, StageContext
-from pipelines.stages.select import keep_candidate, select_checkpoint
+from pipelines.selection import select_checkpoint
 
 POLICY = "grpo"
 
@@ -48,11 +49,12 @@ def run_grpo(ctx: StageContext) -> dict:
 
 
 def _train(ctx: StageContext) -> dict:
-    from offline_agent.training.grpo_train import fit_grpo
+    from offline_agent.training.grpo.train import fit_grpo
 
     cfg, store = ctx.cfg, ctx.store
     folder = ctx.checkpoint_dir / POLICY
     saved = store.checkpoint(ctx.stage, ctx.shard, POLICY)
+    ctx.progress.update(policy=POLICY, steps=cfg.grpo.steps)
 
     def on_metrics(step: int, metrics: dict) -> None:
         ctx.log_metrics(POLICY, step, metrics)

@@ -2,14 +2,15 @@
 
 The stage reads what round k mines from the store and hands it to one library call,
 offline_agent.mining.mine.mine: the step pairs mined and balanced in one SQL pass over every
-node (storage/mining.py) with the nodes of their trees, and the stored episodes (search
+node (storage/step_pairs.py) with the nodes of their trees, and the stored episodes (search
 rollouts and greedy baseline) of the train tasks. Its pairs and examples land in one
 transaction with the stage's done mark; `--force` after a change of `mine.*` re-mines from
 the stored trees without searching again.
 
 With search.critic learned, Q_critic of eq. 10 is the learned critic's value of each child,
 which the round's critic stage (critic@k) predicted for every node it fitted on
-(pipelines/stages/critic.py), in place of the stored frozen scores.
+(pipelines/stages/critic.py; loaded by pipelines/artifacts.py), in place of the stored frozen
+scores.
 
 Round k's mine stage reads only round k's trees and episodes: round 1's search and the
 greedy baseline, round k >= 2 its own search@k (pipelines/rounds.py); its pair and
@@ -20,10 +21,10 @@ from __future__ import annotations
 
 from offline_agent.mining.mine import MineInputs, mine
 from offline_agent.mining.pairs import step_params
+from pipelines.artifacts import learned_values
 from pipelines.config import RunConfig, make_env
 from pipelines.rounds import round_name
 from pipelines.runner import StageContext
-from pipelines.stages.critic import learned_values
 from storage import IDS_PER_ROUND, Store, select_step_pairs
 
 

@@ -23,11 +23,9 @@ from offline_agent.search.persist import (
     search_summary,
     tree_row,
 )
+from pipelines.artifacts import CONCORDANCE, iterate_record, load_learned_critic, round_model
 from pipelines.config import make_env
-from pipelines.report_table import CONCORDANCE
-from pipelines.rounds import make_iterate, round_model
 from pipelines.runner import StageContext
-from pipelines.stages.critic import load_learned
 from storage import Store
 
 
@@ -67,17 +65,17 @@ class TreeWriter:
 
 
 def make_critic(ctx: StageContext, policy):
-    """The critic search.critic names: the frozen Critic on the policy, round k's learned one
+    """The critic search.critic names: FrozenCritic on the policy, round k's learned one
     (fitted by critic@(k-1) on the trees so far; round 1 has none and uses the frozen), or
     None."""
-    from offline_agent.search.critic import Critic
+    from offline_agent.search.frozen_critic import FrozenCritic
 
     cfg = ctx.cfg
     if cfg.search.critic == "none":
         return None
     if cfg.search.critic == "learned" and ctx.round > 1:
-        return load_learned(ctx, ctx.round - 1)
-    return Critic(policy, make_env(cfg))
+        return load_learned_critic(cfg, ctx.store, ctx.run_dir, ctx.round - 1)
+    return FrozenCritic(policy, make_env(cfg))
 
 
 def run_search(ctx: StageContext) -> dict:
@@ -96,7 +94,9 @@ def run_search(ctx: StageContext) -> dict:
     todo = [t for t in tasks if t.id not in stored or stored[t.id].status != "done"]
     stats: dict = {"trees": len(tasks), "trees_resumed": 0, "trees_skipped": len(tasks) - len(todo)}
     if ctx.round > 1:
-        stats["iterate"] = make_iterate(ctx)  # before any tree: a resume reuses it
+        # round k's model, which train@(k-1) wrote (or, for a run raised to more rounds after
+        # it finished, written now, before any tree: a resume reuses it)
+        stats["iterate"] = iterate_record(cfg, store, ctx.run_dir, ctx.round)
     if todo:
         rows = {t.id: store.load_tree(tree_ids[t.id]) for t in todo if t.id in stored}
         trees, fresh, best = resume_trees(todo, stored, rows, make_env(cfg))

@@ -2,11 +2,12 @@
 
 Per policy: a finished one (checkpoint key "<policy>/final" in the store) is skipped; an
 interrupted one resumes from the step checkpoint the store records under "<policy>". Every
-optimizer step's metrics land in the store's metrics table (series = policy) as it ends,
-and in run.report_to's trackers.
+optimizer step's metrics land in the store's metrics table (series = policy) as it ends and
+in run.report_to's trackers, and a progress bar per policy on stderr shows its step of the
+total, the loss, elapsed and remaining time (progress.json: `step` of `steps`).
 Round k's train stage (train@k) trains on mine@k's data, on top of round k's model
-(pipelines/rounds.py). With train.select: val, each policy's final adapter is then its best
-checkpoint on the validation tasks (pipelines/stages/select.py). That final adapter is then
+(pipelines/artifacts.py). With train.select: val, each policy's final adapter is then its best
+checkpoint on the validation tasks (pipelines/selection.py). That final adapter is then
 scored on the mined pairs its seeded sample (train.max_pairs) left out, recorded under
 "held_out" in the same record (offline_agent/training/heldout.py; n 0 when it took them all).
 """
@@ -18,11 +19,18 @@ from pathlib import Path
 
 from offline_agent.policy.models import copy_note, public_id
 from offline_agent.training.card import Provenance
+from pipelines.artifacts import (
+    HELD_OUT,
+    iterate_policy,
+    keep_candidate,
+    round_model,
+    stored_iterate,
+    write_iterate,
+)
 from pipelines.config import RunConfig
-from pipelines.report_table import HELD_OUT
-from pipelines.rounds import ITERATE, round_model, round_name
+from pipelines.rounds import round_name
 from pipelines.runner import StageContext
-from pipelines.stages.select import keep_candidate, select_checkpoint
+from pipelines.selection import select_checkpoint
 from storage import Store
 
 # policy -> the pair kinds it trains on (rft trains on examples instead)
@@ -80,16 +88,35 @@ def run_train(ctx: StageContext) -> dict:
             if not rows:
                 stats[policy] = {"skipped": "no training data (mined pairs / RFT examples)"}
                 continue
-            ctx.progress.update(policy=policy)
+            ctx.progress.update(policy=policy, steps=_num_steps(len(rows), cfg))
             final = _train_policy(ctx, policy, rows)
         if cfg.train.select == "val" and "selected" not in final:
             final = select_checkpoint(ctx, policy, final)
         if HELD_OUT not in final:
             final = _score_held_out(ctx, policy, final)
         stats[policy] = final
+    if ctx.round < cfg.run.iterations:
+        _next_round_model(ctx)
     with store.transaction():
         ctx.mark_done(stats)
     return stats
+
+
+def _num_steps(rows: int, cfg: RunConfig) -> int:
+    """The optimizer steps a policy trains for (progress.json's `steps`, beside `step`)."""
+    from offline_agent.training.trainer import num_steps
+
+    return num_steps(rows, cfg.train)
+
+
+def _next_round_model(ctx: StageContext) -> None:
+    """The next round's model, written where its adapter was trained: this round's model with
+    the train.iterate policy's final adapter merged in (pipelines/artifacts.py), which
+    search@(k+1) loads. Written again by each attempt of this stage, so a retrained adapter
+    never leaves an older merge behind; where that policy trained nothing, search@(k+1) says
+    so."""
+    if ctx.store.checkpoint(ctx.stage, ctx.shard, f"{iterate_policy(ctx.cfg)}/final"):
+        write_iterate(ctx.cfg, ctx.store, ctx.run_dir, ctx.round + 1)
 
 
 def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
@@ -144,10 +171,10 @@ def _score_held_out(ctx: StageContext, policy: str, final: dict) -> dict:
 
 def provenance(cfg: RunConfig, store: Store, k: int) -> Provenance:
     """For the adapter's card: round k trains on cfg.model (named by its public id) with
-    model.adapter, then each earlier round's iterate adapter, merged in (rounds.py)."""
+    model.adapter, then each earlier round's iterate adapter, merged in (artifacts.py)."""
     merged = [f"`{cfg.model.adapter}` (model.adapter)"] if cfg.model.adapter else []
     for j in range(2, k + 1):
-        iterate = store.checkpoint(round_name("search", j), "", ITERATE)
+        iterate = stored_iterate(store, j)
         merged.append(f"the final adapter of policy `{iterate['policy']}` of offline-agent run "
                       f"`{store.run_id}` (`{iterate['adapter']}` in its run directory)")
     return Provenance(public_id(cfg.model.id), merged, copy_note(cfg.model.id), store.run_id, k)

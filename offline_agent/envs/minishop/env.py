@@ -1,6 +1,6 @@
 """MiniShop: the WebShop-style Env. Search, open a product, pick options, buy.
 
-The catalogue and search index are shared per process (see catalog.py, search.py); an
+The catalogue and search index are shared per process (see catalog.py, index.py); an
 episode's state is only which page is open, so snapshots are a few hundred bytes.
 Pages never mention the goal, and the reward is computed from `task.data` at `buy`.
 """
@@ -21,8 +21,8 @@ from offline_agent.envs.minishop.goals import (
     instruction,
     resolve_difficulty,
 )
+from offline_agent.envs.minishop.index import catalog_index, search_ids
 from offline_agent.envs.minishop.reward import reward
-from offline_agent.envs.minishop.search import catalog_index, search_ids
 from offline_agent.types import Task, ToolCall
 
 DEFAULT_DIFFICULTY = 3

@@ -1,7 +1,7 @@
-"""The learned critic in search and mining: the frozen Critic's interface, values from the
+"""The learned critic in search and mining: FrozenCritic's interface, values from the
 value model.
 
-`score` answers Critique requests as search.critic.Critic does, one list per request in its
+`score` answers Critique requests as search.frozen_critic.FrozenCritic does, one list per request in its
 actions' order, higher is better; here the numbers are predicted returns V(state, action),
 not shares that sum to 1. All requests of a tick go in tries of at most `budget` tokens: one
 forward per trie, each state's prompt computed once for all its actions.
@@ -20,10 +20,10 @@ import hashlib
 from array import array
 from pathlib import Path
 
-from offline_agent.critic import value_model
-from offline_agent.critic.value_model import ValueModel, encode_actions, state_prompt
 from offline_agent.envs.base import Env
 from offline_agent.search.requests import Critique
+from offline_agent.value import value_model
+from offline_agent.value.value_model import ValueModel, encode_actions, state_prompt
 
 
 class LearnedCritic:

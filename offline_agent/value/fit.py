@@ -16,18 +16,18 @@ from typing import Protocol
 
 import torch
 
-from offline_agent.critic.config import CriticConfig
-from offline_agent.critic.targets import Target, families, split_tasks
-from offline_agent.critic.value_model import (
+from offline_agent.mining.build import StoredNode, path_steps
+from offline_agent.training.logprobs import Encoded, groups
+from offline_agent.types import Message, Task
+from offline_agent.value.config import CriticConfig
+from offline_agent.value.targets import Target, families, split_tasks
+from offline_agent.value.value_model import (
     ValueModel,
     encode_actions,
     pack_values,
     state_prompt,
     values_of,
 )
-from offline_agent.mining.build import StoredNode, path_steps
-from offline_agent.training.logprobs import Encoded, groups
-from offline_agent.types import Message, Task
 
 
 class TreeNode(StoredNode, Protocol):
@@ -59,7 +59,7 @@ class Fitted:
 def encode_tree(tokenizer, system: str, demo: list[Message], task: Task,
                 nodes: Sequence[TreeNode], endings: Mapping[int, Sequence[tuple[str, float]]] | None,
                 state: str) -> list[Item]:
-    """Every family of one tree (with the `endings` critic/endings.py read at its states) as
+    """Every family of one tree (with the `endings` value/endings.py read at its states) as
     an Item, each state read as `state` says (value_model.state_prompt)."""
     by_id: Mapping[int, TreeNode] = {n.node_id: n for n in nodes}
     items = []

@@ -1,6 +1,6 @@
 """One GRPO update: the rollouts of a step -> advantages -> num_iterations optimizer updates.
 
-The sequences are the rollouts' turns as sampled (grpo_rollouts.py): context ids + the
+The sequences are the rollouts' turns as sampled (rollouts.py): context ids + the
 sampled ids, masked on the sampled ids only, so prompt and tool tokens never count. They
 are packed into prefix tries (logprobs.py): an episode's turns share their prefix, computed
 once. pi_old is one no-grad forward per batch of rollouts, so the first update's ratio is
@@ -18,7 +18,9 @@ import torch
 
 from offline_agent.policy.constrained import TokenMask
 
-from .grpo import (
+from ..logprobs import Encoded, groups, pack, token_logps
+from .config import GRPOConfig
+from .objective import (
     EpisodeSteps,
     combined_advantages,
     episode_advantages,
@@ -27,9 +29,7 @@ from .grpo import (
     step_normaliser,
     token_loss,
 )
-from .grpo_config import GRPOConfig
-from .grpo_rollouts import Rollout
-from .logprobs import Encoded, groups, pack, token_logps
+from .rollouts import Rollout
 
 
 @dataclass

@@ -31,11 +31,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from offline_agent.chat import encode_prompt_completion, history_messages
-from offline_agent.critic.config import STATES, CriticConfig
 from offline_agent.policy.adapters import import_peft, quiet_peft
 from offline_agent.training import trie_attention
 from offline_agent.training.logprobs import Encoded, Trie, ancestors, groups
 from offline_agent.types import Message, Step
+from offline_agent.value.config import STATES, CriticConfig
 
 HEAD, META = "value_head.safetensors", "critic.json"
 

@@ -1,11 +1,12 @@
-"""The critic: asks after the policy's own conversation, treats it as data, cancels position bias."""
+"""The frozen critic (search/frozen_critic.py): asks after the policy's own conversation, treats it
+as data, cancels position bias."""
 
 from __future__ import annotations
 
 import pytest
 
 from offline_agent.chat import history_messages, render_prompt
-from offline_agent.search.critic import Critic
+from offline_agent.search.frozen_critic import FrozenCritic
 from offline_agent.search.requests import Critique
 from offline_agent.types import Step, Task
 from tests.fakes import Corridor
@@ -35,7 +36,7 @@ def test_critic_extends_the_policy_prompt_and_asks_last(tokenizer):
     env = Corridor(max_steps=5)
     policy = FirstLabelPolicy(tokenizer)
     req = request()
-    Critic(policy, env).score([req])
+    FrozenCritic(policy, env).score([req])
     history = history_messages(env.system_prompt(), req.task.instruction, req.first_observation,
                                req.steps, env.demonstration())
     policy_prompt = render_prompt(tokenizer, history)
@@ -50,7 +51,7 @@ def test_critic_extends_the_policy_prompt_and_asks_last(tokenizer):
 
 def test_tool_output_cannot_open_a_turn(tokenizer):
     policy = FirstLabelPolicy(tokenizer)
-    Critic(policy, Corridor(max_steps=5)).score([request()])
+    FrozenCritic(policy, Corridor(max_steps=5)).score([request()])
     ids = tokenizer(policy.prompts[0], add_special_tokens=False).input_ids
     im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
     # system, user (instruction), assistant, tool, user (question), assistant header: 6 turns;
@@ -60,7 +61,7 @@ def test_tool_output_cannot_open_a_turn(tokenizer):
 
 
 def test_cyclic_shifts_cancel_position_bias(tokenizer):
-    scores = Critic(FirstLabelPolicy(tokenizer), Corridor(max_steps=5)).score(
+    scores = FrozenCritic(FirstLabelPolicy(tokenizer), Corridor(max_steps=5)).score(
         [request(), request(("a[1]", "b[2]")), request(("a", "b", "c", "d"))])
     for s in scores:  # a critic that only ever picks a position ranks nobody above anyone
         assert s == pytest.approx([1.0 / len(s)] * len(s))
@@ -80,6 +81,6 @@ class LikesJump(FirstLabelPolicy):
 
 
 def test_content_preference_survives_the_averaging(tokenizer):
-    (scores,) = Critic(LikesJump(tokenizer), Corridor(max_steps=5)).score([request()])
+    (scores,) = FrozenCritic(LikesJump(tokenizer), Corridor(max_steps=5)).score([request()])
     assert sum(scores) == pytest.approx(1.0)
     assert scores[2] > max(scores[0], scores[1])

@@ -1,6 +1,6 @@
 """The pure core of GRPO (the `grpo` stage): advantages of episode groups and of
-state-grouped steps, reward shaping, zero-signal groups, the clipped token loss, and log-probs
-under a grammar's mask. Tensors in, tensors out: no model, no store, no env, so a hand
+state-grouped steps, reward shaping, zero-signal groups, the clipped token loss (log-probs
+under a grammar's mask are training/logprobs.py's). Tensors in, tensors out: no model, no store, no env, so a hand
 computation checks each one (tests/test_grpo_core.py). docs/training.md says what is used
 where; the stage that samples episodes and runs forwards is built on these.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from offline_agent.training.grpo_config import LOSS_TYPES, SCALES, GRPOConfig
+from offline_agent.training.grpo.config import LOSS_TYPES, SCALES, GRPOConfig
 
 
 def tied_groups(rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
@@ -193,25 +193,3 @@ def _token_means(ratio, adv, kl, m, epsilon, epsilon_high):
     clipped = ((ratio < 1 - epsilon) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
     n = m.sum().clamp(min=1)
     return [torch.where(m, x, 0).sum() / n for x in (clipped.to(ratio.dtype), kl, ratio)]
-
-
-def masked_logprobs(logits: torch.Tensor, allowed: torch.Tensor, tokens: torch.Tensor,
-                    merged: torch.Tensor | None = None) -> torch.Tensor:
-    """Log-prob of each token under the logits renormalised over its allowed tokens: the
-    distribution a grammar-constrained policy samples from (model.constrain: tools), which
-    GRPO's ratio and KL both use (docs/training.md). logits (..., V), already divided by the
-    sampling temperature; allowed (..., V) bool; tokens (...,). `merged` (..., V) bool: the
-    tokens whose draws the decoder turned into the token (constrained.py's `settle`), whose
-    mass counts as the token's (None: only the token). A token outside its allowed set
-    raises: it could not have been sampled, and its -inf would make the ratio NaN."""
-    if allowed.shape != logits.shape:
-        raise ValueError(f"allowed {tuple(allowed.shape)} must match logits {tuple(logits.shape)}")
-    picked = tokens.unsqueeze(-1)
-    if not bool(allowed.gather(-1, picked).all()):
-        raise ValueError("a token outside its allowed set: the grammar mask does not match "
-                         "the tokens sampled under it")
-    logp = logits.float().masked_fill(~allowed, float("-inf")).log_softmax(-1)
-    if merged is None:
-        return logp.gather(-1, picked).squeeze(-1)
-    drawn = (merged & allowed).scatter(-1, picked, True)
-    return logp.masked_fill(~drawn, float("-inf")).logsumexp(-1)

@@ -10,7 +10,7 @@ non-terminal child has no return yet: no target. A terminal child weighs max(vis
 value is known even when never selected.
 
 Endings: at every stored state, each action the env lists that would end the episode there
-has an exact return too, its reward (critic/endings.py reads them on the stored snapshots).
+has an exact return too, its reward (value/endings.py reads them on the stored snapshots).
 Search tried them (`search.finish`) but keeps only the best as a number, not as a child, so
 without them the critic saw "buy" only where a proposal happened to write it: a few hundred
 targets for the decision inference search most needs, whether to end now. Each is a target of

@@ -1,8 +1,8 @@
 """Checkpoint selection on the validation split (train.select: val), part of the train stage.
 
 While a policy trains, each step checkpoint's adapter (not its optimizer state) is kept under
-RUN_DIR/checkpoints/<train stage>/<policy>/candidates/step-<n>; the trainer keeps only the
-latest full checkpoint. Once the policy is trained, every candidate and the final adapter
+RUN_DIR/checkpoints/<train stage>/<policy>/candidates/step-<n> (pipelines/artifacts.py); the
+trainer keeps only the latest full checkpoint. Once the policy is trained, every candidate and the final adapter
 play the validation tasks greedily (episodes stored like eval episodes, as policy
 `<policy>/step-<n>` on split "val", so they never enter the test table), and the best one
 (validation success, then mean reward, then the later step) becomes the policy's final
@@ -13,34 +13,11 @@ stage select again, and the episodes already stored are not replayed.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 from offline_agent.evaluation import MODE, VAL, Episode, episode_row, rates
-from pipelines.rounds import round_model, round_name
+from pipelines.artifacts import candidates, round_model
+from pipelines.play import play
+from pipelines.rounds import round_name
 from pipelines.runner import StageContext
-
-CANDIDATES = "candidates"  # folder of kept step adapters, under the policy's folder
-
-
-def keep_candidate(folder: Path, step: int, saved: Path) -> Path:
-    """Copy step checkpoint `saved`'s adapter files (not trainer_state.pt) to
-    folder/candidates/step-<step>, whole or not at all."""
-    from offline_agent.training.checkpoint import STATE, write_atomic
-
-    def fill(tmp: Path) -> None:
-        for f in saved.iterdir():
-            if f.is_file() and f.name != STATE:
-                shutil.copy2(f, tmp / f.name)
-    return write_atomic(folder / CANDIDATES / f"step-{step}", fill)
-
-
-def candidates(folder: Path, final: dict) -> list[tuple[int, Path]]:
-    """(step, adapter folder) of every kept candidate, in step order, then the final one."""
-    kept = [(int(p.name.removeprefix("step-")), p)
-            for p in (folder / CANDIDATES).glob("step-*") if p.is_dir()]
-    kept = [(s, p) for s, p in sorted(kept) if s < final["step"]]
-    return kept + [(final["step"], folder / "final")]
 
 
 def choose(scores: list[dict]) -> dict:
@@ -65,8 +42,6 @@ def reason(best: dict, scores: list[dict]) -> str:
 def select_checkpoint(ctx: StageContext, policy: str, final: dict) -> dict:
     """Score each candidate of `policy` on the validation tasks, record the best as its final
     adapter (with the scores and the reason under "selected"); returns that record."""
-    from pipelines.stages.eval import _play
-
     store, folder = ctx.store, ctx.checkpoint_dir / policy
     tasks = store.tasks(VAL)
     model = round_model(ctx.cfg, store, ctx.run_dir, ctx.round)
@@ -82,7 +57,7 @@ def select_checkpoint(ctx: StageContext, policy: str, final: dict) -> dict:
             def on_done(t, mode: str, label: str = label) -> None:
                 store.insert_eval_episodes([episode_row(t, label, mode)], ctx.stage)
 
-            _play(ctx, model, str(adapter), {MODE: todo}, on_done)  # greedy only
+            play(ctx, model, str(adapter), {MODE: todo}, on_done)  # greedy only
         played = [Episode.from_row(r) for r in store.eval_episodes(label, MODE)]
         scores.append({"step": step, "folder": str(adapter.relative_to(ctx.run_dir)),
                        "policy": label, **rates(played)})

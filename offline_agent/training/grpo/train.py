@@ -4,7 +4,7 @@ Rollouts run on the weights just updated. On the hf backend the policy is the tr
 model itself (HFPolicy wraps the PEFT model as it is, no reload); its prefix cache is cleared
 after each update, since the KV it holds was computed by the old weights. On vLLM (GPU) the
 adapter is saved after each update and served under a new LoRA id (`HFSync`, `VLLMSync`). Which tasks and seeds step s samples is a function of (seed, s) alone
-(`step_tasks`, grpo_rollouts.member_seeds), so a run resumed from the checkpoint of step s
+(`step_tasks`, rollouts.member_seeds), so a run resumed from the checkpoint of step s
 samples the same next rollouts as the uninterrupted run, and with the restored adapter,
 optimizer and RNG computes the same next loss.
 """
@@ -18,16 +18,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from offline_agent.envs.base import Env
 from offline_agent.types import Task
 
-from . import checkpoint
-from .grpo import tied_groups
-from .grpo_config import GRPOConfig
-from .grpo_rollouts import Rollout, member_seeds, sample_groups
-from .grpo_update import make_batch, rewards, turn_advantages, update
-from .trainer import data_order
+from .. import checkpoint
+from ..trainer import data_order
+from .config import GRPOConfig
+from .objective import tied_groups
+from .rollouts import Rollout, member_seeds, sample_groups
+from .update import make_batch, rewards, turn_advantages, update
 
 
 def after_step(step: int) -> None:
@@ -111,7 +112,9 @@ def train_grpo(model, policy, make_env: Callable[[], Env], tasks: list[Task], cf
     `policy`, which `sync(model, step)` brings up to date before each step's rollouts
     (default HFSync: `policy` is an HFPolicy on that same model); the final adapter goes to
     folder/final. `grammars`: the decoder's GrammarMasks where it decodes constrained
-    (HFPolicy.grammars), which rebuild each action's masks for the ratio."""
+    (HFPolicy.grammars), which rebuild each action's masks for the ratio. A progress bar on
+    stderr shows the step of cfg.steps, the rollouts' mean reward and the loss, elapsed and
+    remaining, as the train stage's does."""
     sync = sync or HFSync(policy)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr)
@@ -120,6 +123,7 @@ def train_grpo(model, policy, make_env: Callable[[], Env], tasks: list[Task], cf
     if resume:
         start, _ = checkpoint.load(Path(resume), model, optimizer, scheduler)
     metrics: dict = {}
+    bar = tqdm(total=cfg.steps, initial=start, desc="grpo", unit="step")
     for step in range(start, cfg.steps):
         model.eval()
         sync(model, step)
@@ -131,6 +135,8 @@ def train_grpo(model, policy, make_env: Callable[[], Env], tasks: list[Task], cf
             if batch.seqs:
                 metrics.update(update(model, optimizer, batch, cfg, pack_tokens, max_tokens))
                 scheduler.step()
+        bar.update(1)
+        bar.set_postfix(_shown(metrics))
         on_metrics(step + 1, metrics)
         if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
             previous = sorted(folder.glob("step-*"))
@@ -141,9 +147,19 @@ def train_grpo(model, policy, make_env: Callable[[], Env], tasks: list[Task], cf
                 if old != saved:
                     shutil.rmtree(old, ignore_errors=True)
         after_step(step + 1)
+    bar.close()
     model.eval()
     checkpoint.write_atomic(folder / "final", model.save_pretrained)
     return {**metrics, "step": cfg.steps}
+
+
+def _shown(metrics: dict) -> dict[str, str]:
+    """A step's figures on the progress bar: the rollouts' mean reward, and the loss where the
+    step updated (a step whose groups all tied has none)."""
+    shown = {"reward": f"{metrics['reward_mean']:.3f}"}
+    if "loss" in metrics:
+        shown["loss"] = f"{metrics['loss']:.4f}"
+    return shown
 
 
 def fit_grpo(model_id: str, init: str | None, make_env: Callable[[], Env], tasks: list[Task],
@@ -157,7 +173,7 @@ def fit_grpo(model_id: str, init: str | None, make_env: Callable[[], Env], tasks
     only), and run train_grpo."""
     from offline_agent.policy.adapters import import_peft
 
-    from .model import add_lora, load_base
+    from ..model import add_lora, load_base
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_base(model_id, train_cfg, device, base_adapter)

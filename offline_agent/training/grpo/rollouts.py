@@ -22,7 +22,7 @@ from offline_agent.rollout import action_sampling, run_episodes
 from offline_agent.seeding import stable_seed
 from offline_agent.types import Task, Trajectory
 
-from .grpo import state_hash
+from .objective import state_hash
 
 
 @dataclass

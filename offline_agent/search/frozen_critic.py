@@ -56,7 +56,7 @@ def softmax(logits: list[float]) -> list[float]:
     return [e / total for e in exps]
 
 
-class Critic:
+class FrozenCritic:
     """Scores proposals in [0, 1] (siblings sum to 1); higher is better."""
 
     def __init__(self, policy: Policy, env: Env):

@@ -2,7 +2,7 @@
 
 At a stored node's state (its snapshot), each action the env lists that ends the episode is
 tried and undone (search.mcts.finishing_steps: env steps, no model call) and its reward kept.
-The critic fits them as targets of (state, ending action) (critic/targets.py). The env's
+The critic fits them as targets of (state, ending action) (value/targets.py). The env's
 reward is read here, at training time, as search's `finish` reads it; a critic fitted on them
 never reads it at inference.
 """

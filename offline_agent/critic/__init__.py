@@ -1,1 +1,0 @@
-"""The learned critic: a value model V(state, action) fitted on the stored search trees."""

@@ -1,0 +1,59 @@
+"""Play one policy on tasks: load it (an adapter on a round's model), play its greedy
+episodes, and with eval.mcts search at inference on the first tasks, then free it before the
+next policy loads. The eval stage plays the test tasks with it; train.select: val the
+validation tasks (pipelines/selection.py)."""
+
+from __future__ import annotations
+
+import gc
+
+from offline_agent.evaluation import MCTS_MODE, MODE, greedy_episodes
+from offline_agent.types import Task
+from pipelines.artifacts import load_learned_critic
+from pipelines.config import make_env
+from pipelines.runner import StageContext
+
+
+def play(ctx: StageContext, model, adapter: str | None, todo: dict[str, list[Task]],
+         on_done) -> dict:
+    """Load one policy (`adapter` on `model`), play its tasks in each mode, free it before the
+    next policy loads. Returns the totals of its searches at inference (if any ran)."""
+    from offline_agent.policy import load_policy
+
+    cfg = ctx.cfg
+    policy = load_policy(**{**vars(model), "adapter": adapter or model.adapter},
+                         seed=cfg.run.seed)
+    try:
+        greedy_episodes(policy, lambda: make_env(cfg), todo[MODE], batch_size=cfg.model.max_batch,
+                        on_done=lambda t: on_done(t, MODE))
+        return _search(ctx, policy, todo.get(MCTS_MODE, []), lambda t: on_done(t, MCTS_MODE))
+    finally:
+        del policy
+        gc.collect()
+
+
+def inference_critic(ctx: StageContext, policy, env):
+    """The critic search at inference values leaves with: with search.critic learned, the
+    value model this round's critic stage fitted on the train tasks' trees; else the frozen
+    critic (the policy scoring its own candidates)."""
+    from offline_agent.search.frozen_critic import FrozenCritic
+
+    if ctx.cfg.search.critic != "learned":
+        return FrozenCritic(policy, env)
+    return load_learned_critic(ctx.cfg, ctx.store, ctx.run_dir, ctx.round)
+
+
+def _search(ctx: StageContext, policy, tasks: list[Task], on_done) -> dict:
+    """Search at inference on `tasks` (offline_agent/search/inference.py); {} for none."""
+    from offline_agent.search.inference import inference_config, search_and_commit
+    from offline_agent.search.searcher import Searcher
+
+    if not tasks:
+        return {}
+    cfg = ctx.cfg
+    search = inference_config(cfg.search, cfg.eval.mcts_simulations)
+    critic = inference_critic(ctx, policy, make_env(cfg))
+    searcher = Searcher(policy, lambda: make_env(cfg), search, critic)
+    totals = search_and_commit(policy, lambda: make_env(cfg), tasks, searcher,
+                               cfg.model.max_batch, on_done, commit=cfg.eval.mcts_commit)
+    return {k: round(v, 3) for k, v in totals.items()}
