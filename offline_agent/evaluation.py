@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from offline_agent.config_fields import config_field
+from offline_agent.config_fields import HELP, config_field
 from offline_agent.policy.base import Policy
 from offline_agent.types import Task, Trajectory, step_to_dict
 from storage.rows import EvalEpisodeRow
@@ -43,8 +43,12 @@ class EvalConfig:
     configs_tried: int = config_field(1, "configurations tried to reach this one "
                                          "(e.g. on validation), shown beside every "
                                          "p-value", hashed=False)
-    mcts: bool = config_field(False, "also play each policy with verifier-free search at "
-                                     "inference, the +MCTS rows (docs/evaluation.md)")
+    mcts: bool = config_field(False, "also play policies with verifier-free search at "
+                                     "inference, the +MCTS rows: the mcts stage, after the last "
+                                     "round's eval (docs/evaluation.md)")
+    mcts_policies: list[str] = field(default_factory=list, metadata={
+        HELP: "policies eval.mcts searches with, as the report names them (base, grpo, "
+              "dpo_step@2, ...), or best: the one best on validation; []: every one"})
     mcts_simulations: int = config_field(1, "simulations of eval.mcts's search: per step (commit "
                                             "step), or per test task (commit path)")
     mcts_commit: str = config_field("step", "how eval.mcts commits: step (search again before "
@@ -65,13 +69,9 @@ class EvalConfig:
             raise ValueError(f"eval.mcts_commit must be one of {MCTS_COMMITS}, got "
                              f"{self.mcts_commit!r}")
 
-    def modes(self, tasks: list[Task]) -> dict[str, list[Task]]:
-        """{eval mode: the test tasks it plays}: greedy on all, and with `mcts` search on the
-        first `mcts_tasks` (all where 0)."""
-        out = {MODE: tasks}
-        if self.mcts:
-            out[MCTS_MODE] = tasks[:self.mcts_tasks] if self.mcts_tasks else tasks
-        return out
+    def mcts_test_tasks(self, tasks: list[Task]) -> list[Task]:
+        """The test tasks search at inference plays: the first `mcts_tasks` (all where 0)."""
+        return tasks[:self.mcts_tasks] if self.mcts_tasks else tasks
 
 
 # ---- statistics (pure) -----------------------------------------------------------------------

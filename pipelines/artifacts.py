@@ -26,6 +26,7 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from offline_agent.evaluation import BASE
 from pipelines.config import ModelConfig, RunConfig, make_env
 from pipelines.rounds import round_name
 from pipelines.runner import RunError
@@ -107,6 +108,41 @@ def trained_policies(store: Store) -> dict[str, dict]:
         out.update({round_name(name, r): value for name, value in finals.items()})
         r += 1
     return out
+
+
+def eval_policies(store: Store, run_dir: Path, r: int = 1) -> dict[str, str | None]:
+    """{policy: adapter folder} that round r's eval plays: base (no adapter; round 1 only),
+    then each policy round r trained (round 1 also GRPO's), named for its round."""
+    out: dict[str, str | None] = {BASE: None} if r == 1 else {}
+    finals = store.final_checkpoints(round_name("train", r))
+    if r == 1:  # GRPO refines round 1's policy (stage grpo)
+        finals.update(store.final_checkpoints("grpo"))
+    for name, value in finals.items():
+        name = round_name(name, r)
+        folder = Path(value["folder"])
+        folder = folder if folder.is_absolute() else run_dir / folder
+        if not (folder / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"policy {name!r}: the train stage recorded adapter folder "
+                                    f"{folder}, which holds no adapter_config.json")
+        out[name] = str(folder)
+    return out
+
+
+def best_on_validation(store: Store) -> str:
+    """The trained policy (any round, GRPO included) whose selected checkpoint scored best on
+    the validation tasks (success, then mean reward; train.select or grpo.select val); a
+    RunError where no policy was scored there."""
+    finals = {**trained_policies(store), **store.final_checkpoints("grpo")}
+    scored = {}
+    for name, final in finals.items():
+        chosen = (final.get("selected") or {})
+        best = [c for c in chosen.get("candidates", []) if c["step"] == chosen.get("step")]
+        if best:
+            scored[name] = (best[0]["success_rate"] or 0.0, best[0]["mean_reward"] or 0.0)
+    if not scored:
+        raise RunError("eval.mcts_policies names best, but no trained policy was scored on the "
+                       "validation tasks: set train.select (or grpo.select) to val")
+    return max(scored, key=lambda name: scored[name])
 
 
 def keep_candidate(folder: Path, step: int, saved: Path) -> Path:

@@ -1,13 +1,13 @@
 """Play one policy on tasks: load it (an adapter on a round's model), play its greedy
-episodes, and with eval.mcts search at inference on the first tasks, then free it before the
-next policy loads. The eval stage plays the test tasks with it; train.select: val the
-validation tasks (pipelines/selection.py)."""
+episodes and its searches at inference, then free it before the next policy loads. The eval
+stage plays the test tasks greedily with it, the mcts stage with search at inference, and
+train.select / grpo.select: val the validation tasks (pipelines/selection.py)."""
 
 from __future__ import annotations
 
 import gc
 
-from offline_agent.evaluation import MCTS_MODE, MODE, greedy_episodes
+from offline_agent.evaluation import MCTS_MODE, MODE, Episode, greedy_episodes, summarize
 from offline_agent.types import Task
 from pipelines.artifacts import load_learned_critic
 from pipelines.config import make_env
@@ -24,18 +24,27 @@ def play(ctx: StageContext, model, adapter: str | None, todo: dict[str, list[Tas
     policy = load_policy(**{**vars(model), "adapter": adapter or model.adapter},
                          seed=cfg.run.seed)
     try:
-        greedy_episodes(policy, lambda: make_env(cfg), todo[MODE], batch_size=cfg.model.max_batch,
-                        on_done=lambda t: on_done(t, MODE))
+        greedy_episodes(policy, lambda: make_env(cfg), todo.get(MODE, []),
+                        batch_size=cfg.model.max_batch, on_done=lambda t: on_done(t, MODE))
         return _search(ctx, policy, todo.get(MCTS_MODE, []), lambda t: on_done(t, MCTS_MODE))
     finally:
         del policy
         gc.collect()
 
 
+def played_summary(store, eval_cfg, name: str, mode: str) -> dict:
+    """A policy's stored episodes in one mode, in a stage's stats: n, success and mean reward
+    with their 95% intervals (the report recomputes everything from the rows)."""
+    summary = summarize([Episode.from_row(r) for r in store.eval_episodes(name, mode)], eval_cfg)
+    return {k: summary[k] for k in ("n_tasks", "success_rate", "ci95", "mean_reward",
+                                    "mean_reward_ci95")}
+
+
 def inference_critic(ctx: StageContext, policy, env):
     """The critic search at inference values leaves with: with search.critic learned, the
-    value model this round's critic stage fitted on the train tasks' trees; else the frozen
-    critic (the policy scoring its own candidates)."""
+    value model the stage's round's critic stage fitted on the train tasks' trees (the mcts
+    stage's round is the last one, whose critic was fitted on every round's trees); else the
+    frozen critic (the policy scoring its own candidates)."""
     from offline_agent.search.frozen_critic import FrozenCritic
 
     if ctx.cfg.search.critic != "learned":

@@ -289,8 +289,9 @@ def test_eval_stage_refuses_a_missing_adapter(tmp_path, tiny_model_dir):
 
 @pytest.mark.parametrize("commit", ["path", "step"])
 def test_search_at_inference_is_stored_per_task_and_resumes(trained_run, monkeypatch, commit):
-    """eval.mcts on 2 of the 3 test tasks: killed after base's first searched task, the
-    resumed stage searches only base's second, then the adapter's two."""
+    """eval.mcts on 2 of the 3 test tasks, in the mcts stage after eval: killed after base's
+    first searched task, the resumed stage searches only base's second, then the adapter's
+    two; no greedy episode is played again."""
     import offline_agent.search.inference as inference
     from pipelines.runner import run
     from pipelines.stages import STAGES
@@ -308,32 +309,65 @@ def test_search_at_inference_is_stored_per_task_and_resumes(trained_run, monkeyp
 
     inserted, real_insert = [], Store.insert_eval_episodes
 
-    def crash_on_the_fifth(self, rows, stage):
-        if len(inserted) == 4:  # base: 3 greedy, 1 searched
+    def crash_on_the_eighth(self, rows, stage):
+        if len(inserted) == 7:  # eval: base and dpo_step, 3 greedy each; mcts: base's first
             raise KeyboardInterrupt
         inserted.extend((r.policy, r.mode, r.task_id) for r in rows)
         real_insert(self, rows, stage)
 
     monkeypatch.setattr(inference, "search_and_commit", spy)
-    monkeypatch.setattr(Store, "insert_eval_episodes", crash_on_the_fifth)
+    monkeypatch.setattr(Store, "insert_eval_episodes", crash_on_the_eighth)
     with pytest.raises(KeyboardInterrupt):
-        run(cfg, run_dir, STAGES, until="eval")
-    assert inserted[3] == ("base", "mcts", "minishop-test-00000")
+        run(cfg, run_dir, STAGES, until="mcts")
+    assert [r[1] for r in inserted] == ["greedy"] * 6 + ["mcts"]
+    assert inserted[6] == ("base", "mcts", "minishop-test-00000")
     monkeypatch.setattr(Store, "insert_eval_episodes", real_insert)
-    results = run(cfg, run_dir, STAGES, until="eval")
+    results = run(cfg, run_dir, STAGES, until="mcts")
     first, second = "minishop-test-00000", "minishop-test-00001"
     assert searched == [[first, second], [second], [first, second]]
     with Store(run_dir / "store.duckdb") as store:
         rows = store.eval_episodes(mode="mcts")
     assert [(r.policy, r.task_id) for r in rows] == [
         ("base", first), ("base", second), ("dpo_step", first), ("dpo_step", second)]
-    stats = results["eval"]["stats"]
-    assert stats["base+mcts"]["n_tasks"] == 2 and stats["base"]["n_tasks"] == 3
+    assert results["eval"]["status"] == "skipped"  # done before the crash: nothing replayed
+    stats = results["mcts"]["stats"]
+    assert stats["base+mcts"]["n_tasks"] == 2 and stats["critic"] == "frozen"
     simulations = stats["dpo_step+mcts"]["search"]["simulations"]
     if commit == "path":  # 2 per task
         assert simulations == 4
     else:  # 2 per committed step: at least one step per task
         assert simulations >= 4 and simulations % 2 == 0
+
+
+def test_search_at_inference_is_chosen_after_eval_without_replaying_greedy(trained_run):
+    """eval.mcts's keys shape only the mcts stage: turned on (and changed) after a finished
+    eval, nothing greedy is refused, cleared or played again; `best` is the policy best on
+    the validation tasks, and an unknown name is an error naming what was evaluated."""
+    from pipelines.runner import RunError, run
+    from pipelines.stages import STAGES
+
+    cfg, run_dir = trained_run
+    run(cfg, run_dir, STAGES, until="mcts")
+    with Store(run_dir / "store.duckdb") as store:
+        greedy = store.eval_episodes()
+        final = store.checkpoint("train", "", "dpo_step/final")
+        store.set_checkpoint("train", "", "dpo_step/final", {**final, "selected": {
+            "step": 2, "candidates": [{"step": 2, "success_rate": 0.5, "mean_reward": 0.6}]}})
+    mcts = {"mcts": True, "mcts_tasks": 1, "mcts_policies": ["best"]}
+    cfg = RunConfig.from_dict({**cfg.to_dict(), "eval": mcts})
+    results = run(cfg, run_dir, STAGES, until="mcts")
+    assert results["eval"]["status"] == "skipped"
+    assert list(results["mcts"]["stats"]) == ["dpo_step+mcts", "critic"]
+    with Store(run_dir / "store.duckdb") as store:
+        assert [r for r in store.eval_episodes() if r.mode == "greedy"] == greedy
+        assert [(r.policy, r.task_id) for r in store.eval_episodes(mode="mcts")] == [
+            ("dpo_step", "minishop-test-00000")]
+    cfg = RunConfig.from_dict({**cfg.to_dict(), "eval": {**mcts, "mcts_policies": ["rft"]}})
+    with pytest.raises(RunError, match="names 'rft', which this run has not evaluated; "
+                                       "evaluated: base, dpo_step"):
+        run(cfg, run_dir, STAGES, until="mcts", force=True)
+    with Store(run_dir / "store.duckdb") as store:
+        assert [r for r in store.eval_episodes() if r.mode == "greedy"] == greedy
 
 
 def test_search_at_inference_takes_the_learned_critic_only_where_one_was_fitted(tmp_path):

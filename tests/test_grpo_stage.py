@@ -24,7 +24,7 @@ from offline_agent.training.model import add_lora
 from pipelines.config import RunConfig
 from pipelines.runner import run
 from pipelines.stages import STAGES
-from pipelines.stages.eval import eval_policies
+from pipelines.artifacts import eval_policies
 from storage import Store
 from tests.pick_env import Pick, PickTwice, biased_tiny_model
 

@@ -83,7 +83,7 @@ def _crash(**kwargs):
 def test_round_two_runs_after_round_one_without_touching_it(two_rounds):
     run_dir, before, crashed, resumed, _ = two_rounds
     assert [s for s, r in resumed.items() if r["status"] == "done"] == [
-        "search@2", "critic@2", "mine@2", "train@2", "eval@2", "report"]
+        "search@2", "critic@2", "mine@2", "train@2", "eval@2", "mcts", "report"]
     with Store(run_dir / "store.duckdb", read_only=True) as store:
         assert round_one_rows(store) == before  # nothing of round 1 rewritten
         trees = {k: store.trees(stage) for k, stage in ((1, "search"), (2, "search@2"))}
@@ -205,12 +205,14 @@ def test_round_names_and_the_stage_list():
     names = [s.name for s in pipeline(3)]
     assert names[names.index("eval"):] == [
         "eval", "search@2", "critic@2", "mine@2", "train@2", "eval@2",
-        "search@3", "critic@3", "mine@3", "train@3", "eval@3", "report"]
+        "search@3", "critic@3", "mine@3", "train@3", "eval@3", "mcts", "report"]
     # each stage carries its round as data, and its stored name is that round's name
     rounds = {s.name: s.round for s in pipeline(3)}
     assert [rounds[n] for n in ("search", "eval", "search@2", "eval@2", "mine@3", "report")] == [
         1, 1, 2, 2, 3, 1]
-    assert all(s.name == round_name(s.name.split("@")[0], s.round) for s in pipeline(3))
+    assert rounds["mcts"] == 3  # search at inference reads the last round's critic
+    assert all(s.name == round_name(s.name.split("@")[0], s.round) for s in pipeline(3)
+               if s.name != "mcts")
     assert {s.shard(RunConfig()) for s in pipeline(3) if "@" in s.name} == {""}
 
 

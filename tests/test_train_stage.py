@@ -151,7 +151,7 @@ def test_adapter_folders_are_recorded_relative_to_the_run_dir(tiny_model_dir, tm
                                                               monkeypatch):
     """A run started with a relative --run-dir records folders the eval stage (and a moved
     run directory) can find: relative to the run directory, not to the working directory."""
-    from pipelines.stages.eval import eval_policies
+    from pipelines.artifacts import eval_policies
 
     monkeypatch.chdir(tmp_path)
     make_run(Path("runs/r"))

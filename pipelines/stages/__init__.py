@@ -1,6 +1,6 @@
 """The pipeline, in order. Each stage: (name, config sections its results depend on, function).
 With run.iterations = N, rounds 2..N (search@k, critic@k, mine@k, train@k, eval@k) follow
-round 1's eval; the report comes last (pipelines/rounds.py). Each Stage carries its round, which
+round 1's eval; then the mcts stage (search at inference, eval.mcts) and the report. Each Stage carries its round, which
 the stage function reads as ctx.round.
 
 Stage modules import heavy libraries (torch, transformers) inside their functions, so that
@@ -11,13 +11,16 @@ leaves for another (round k's model, the fitted critic, trained adapters, stats 
 and loaded through pipelines/artifacts.py. This file alone names them all.
 """
 
+from dataclasses import replace
+
 from pipelines.rounds import round_name
-from pipelines.runner import Stage, whole
+from pipelines.runner import Stage
 from pipelines.stages.baseline import run_baseline
 from pipelines.stages.critic import run_critic
 from pipelines.stages.eval import run_eval
 from pipelines.stages.export import run_export
 from pipelines.stages.grpo import run_grpo
+from pipelines.stages.mcts import run_mcts
 from pipelines.stages.mine import run_mine
 from pipelines.stages.report import run_report
 from pipelines.stages.search import run_search
@@ -54,6 +57,15 @@ def first_search(hashed: dict) -> dict:
     return out
 
 
+SEARCH_AT_INFERENCE = ("mcts", "mcts_policies", "mcts_simulations", "mcts_commit", "mcts_tasks")
+
+
+def greedy_eval(hashed: dict) -> dict:
+    """eval.mcts* only shape the mcts stage: choosing them never replays a greedy episode."""
+    return {**hashed, "eval": {k: v for k, v in hashed["eval"].items()
+                               if k not in SEARCH_AT_INFERENCE}}
+
+
 STAGES: list[Stage] = [
     Stage("tasks", ("run", "env"), run_tasks),
     Stage("baseline", ("run", "env", "model"), run_baseline, shard=search_shard,
@@ -73,7 +85,10 @@ STAGES: list[Stage] = [
           view=no_test_tasks),
     # eval depends on everything that made the adapters it evaluates
     Stage("eval", ("run", "env", "model", "search", "critic", "mine", "train", "grpo", "eval"),
-          run_eval),
+          run_eval, view=greedy_eval),
+    # search at inference, after the last round's eval (pipeline() gives it that round)
+    Stage("mcts", ("run", "env", "model", "search", "critic", "mine", "train", "grpo", "eval"),
+          run_mcts),
     # Reads only what earlier stages stored; `offline-agent report RUN_DIR` re-renders it.
     Stage("report", (), run_report),
 ]
@@ -86,8 +101,10 @@ ROUND_SECTIONS = ("run", "env", "model", "search", "critic", "mine", "train")
 
 
 def pipeline(iterations: int) -> list[Stage]:
-    """STAGES with rounds 2..iterations inserted before the report."""
+    """STAGES with rounds 2..iterations inserted before the mcts stage, which belongs to the
+    last round (it reads that round's critic and every round's policies)."""
     rounds = [Stage(round_name(name, r), ROUND_SECTIONS + (("eval",) if name == "eval" else ()),
-                    fn, round=r, view=whole if name == "eval" else no_test_tasks)
+                    fn, round=r, view=greedy_eval if name == "eval" else no_test_tasks)
               for r in range(2, iterations + 1) for name, fn in ROUND]
-    return STAGES[:-1] + rounds + STAGES[-1:]
+    mcts, report = STAGES[-2:]
+    return STAGES[:-2] + rounds + [replace(mcts, round=iterations), report]
