@@ -21,10 +21,10 @@ from offline_agent.training.grpo.rollouts import member_seeds, sample_groups
 from offline_agent.training.grpo.train import train_grpo
 from offline_agent.training.grpo.update import make_batch, rewards, turn_advantages, update
 from offline_agent.training.model import add_lora
+from pipelines.artifacts import eval_policies
 from pipelines.config import RunConfig
 from pipelines.runner import run
 from pipelines.stages import STAGES
-from pipelines.artifacts import eval_policies
 from storage import Store
 from tests.pick_env import Pick, PickTwice, biased_tiny_model
 
