@@ -109,7 +109,10 @@ def reward_source(get_reward: Any, reward_fn: str | None) -> tuple[Callable | No
 
 
 def reset_problem(instance: Any, row: dict[str, Any]) -> str | None:
-    """Whether `reset` can take a row's columns as keyword arguments, as TRL passes them."""
+    """Whether `reset` can take a row's columns as keyword arguments, as TRL passes them
+    (None also where there is no reset: `probe` names that)."""
+    if not callable(getattr(instance, "reset", None)):
+        return None
     try:
         inspect.signature(instance.reset).bind(**row)
     except TypeError as e:
