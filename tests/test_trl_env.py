@@ -250,3 +250,16 @@ def test_a_run_with_a_broken_class_stops_with_the_same_lines(tmp_path, capsys):
     config.write_text(f"env: {{name: '{HERE}:Broken', dataset: '{rows_file(tmp_path, ROWS)}'}}\n")
     assert main(["run", str(config), "--run-dir", str(tmp_path / "r"), "--until", "tasks"]) == 2
     assert "no reset(**kwargs) method" in capsys.readouterr().err
+
+
+def test_the_guides_example_is_the_example_the_tests_run():
+    """docs/environments.md shows examples/trl_envs as they are (test_trl_pipeline runs them)."""
+    import re
+
+    text = (ROOT / "docs" / "environments.md").read_text()
+    section = text[text.index("## Bring a TRL environment"):text.index("### Branching by replay")]
+    code, rows, config = re.findall(r"```(?:python|yaml)?\n(.*?)```", section, re.DOTALL)[:3]
+    assert code == (EXAMPLES / "counter.py").read_text()
+    assert config == (EXAMPLES / "counter.yaml").read_text()
+    assert rows.splitlines() == (EXAMPLES / "counter.jsonl").read_text().splitlines()[:2]
+    assert "import" not in code and "offline_agent" not in (EXAMPLES / "wordle.py").read_text()

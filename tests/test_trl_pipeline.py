@@ -31,30 +31,28 @@ def tag(name: str, **arguments) -> str:
 
 ENVS = {
     "counter": {
-        "check": ["counter:CounterEnv", "--dataset", str(EXAMPLES / "counter.jsonl")],
-        "env": f"{{name: 'counter:CounterEnv', dataset: '{EXAMPLES / 'counter.jsonl'}'}}",
+        "check": ["counter:CounterEnv", "--dataset", "examples/trl_envs/counter.jsonl"],
         "constrain": "tools",
         "actions": [tag("increment", step=1), tag("increment", step=2), tag("increment", step=3),
                     tag("decrement", step=1), tag("increment", step=4), "That is all."],
     },
     "wordle": {
-        "check": ["wordle:WordleEnv", "--dataset", str(EXAMPLES / "wordle.jsonl"),
+        "check": ["wordle:WordleEnv", "--dataset", "examples/trl_envs/wordle.jsonl",
                   "--reward-fn", "wordle:reward_func"],
-        "env": f"{{name: 'wordle:WordleEnv', dataset: '{EXAMPLES / 'wordle.jsonl'}', "
-               "reward_fn: 'wordle:reward_func'}",
         "constrain": "none",
         "actions": [tag("guess", guess=w) for w in ("plant", "grape", "ghost", "crisp", "plank")]
         + ["guess[xyz]", "I give up."],
     },
 }
+TINY = ["env.kwargs={max_steps: 4}", "env.train_tasks=4", "env.test_tasks=2",
+        "search.simulations=4", "search.max_depth=4", "search.trees_per_batch=4",
+        "train.policies=[dpo_step]", "train.max_steps=2", "train.batch_size=4"]
 
-CONFIG = """\
-run: {{name: trl-{name}}}
-model: {{id: {model}, device: cpu, constrain: {constrain}}}
-env: {env}
-search: {{simulations: 4, k: 3, max_depth: 4, trees_per_batch: 4}}
-train: {{policies: [dpo_step], max_steps: 2, batch_size: 4}}
-"""
+
+@pytest.fixture(autouse=True)
+def in_the_repository(monkeypatch):
+    """The examples' configs and commands name their files from the repository root."""
+    monkeypatch.chdir(ROOT)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -80,14 +78,11 @@ def test_a_tiny_run_searches_mines_exports_trains_and_evaluates(name, tmp_path, 
 
     spec = ENVS[name]
     monkeypatch.setattr(HFPolicy, "sample", scripted_sample(spec["actions"]))
-    config = tmp_path / "run.yaml"
-    config.write_text(CONFIG.format(name=name, model=tiny_model_dir, env=spec["env"],
-                                    constrain=spec["constrain"]))
-    overrides = ["env.kwargs={max_steps: 4}", "env.train_tasks=4", "env.test_tasks=2"]
+    model = [f"model.id={tiny_model_dir}", "model.device=cpu", f"model.constrain={spec['constrain']}"]
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(["run", str(config), "--run-dir", str(tmp_path / "r"),
-                     *[a for o in overrides for a in ("--set", o)]])
+    with contextlib.redirect_stdout(out):  # the example's config as written, made tiny
+        code = main(["run", f"examples/trl_envs/{name}.yaml", "--run-dir", str(tmp_path / "r"),
+                     *[a for o in model + TINY for a in ("--set", o)]])
     assert code == 0, out.getvalue()[-2000:]
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
         stages = {s.stage: s for s in store.stages()}
