@@ -155,6 +155,11 @@ def _check_env_command(sub) -> None:
     c.add_argument("env", metavar="ENV", help="package.module:Class, or minishop | math | python")
     c.add_argument("--kwargs", default="{}", metavar="JSON",
                    help='constructor arguments as a JSON object, e.g. \'{"max_steps": 8}\'')
+    c.add_argument("--dataset", metavar="PATH",
+                   help="a TRL environment's tasks (env.dataset): JSONL, CSV, parquet or a "
+                   "saved dataset folder")
+    c.add_argument("--reward-fn", metavar="package.module:function",
+                   help="a TRL environment's reward function (env.reward_fn)")
     c.set_defaults(func=cmd_check_env)
 
 
@@ -363,18 +368,21 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_check_env(args: argparse.Namespace) -> int:
     import json
 
-    from offline_agent.envs.base import load_env
     from offline_agent.envs.testing.check import check_env, format_table
+    from offline_agent.envs.trl import build_env
+
+    def make_env():
+        return build_env(args.env, args.dataset, args.reward_fn, **kwargs)
 
     try:
         kwargs = json.loads(args.kwargs)
         if not isinstance(kwargs, dict):
             raise ValueError("--kwargs must be a JSON object")
-        load_env(args.env, **kwargs)
+        make_env()
     except (ValueError, TypeError) as e:  # bad JSON, unknown env, wrong constructor arguments
         print(f"offline-agent: error: {e}", file=sys.stderr)
         return 2
-    results = check_env(lambda: load_env(args.env, **kwargs))
+    results = check_env(make_env)
     print(format_table(results))
     failed = [r.name for r in results if r.ok is False]
     print(f"{args.env}: " + (f"FAILED: {', '.join(failed)}" if failed else "all checks passed"))

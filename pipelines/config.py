@@ -22,7 +22,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from offline_agent.config_fields import HASHED, HELP, config_field, is_hashed
-from offline_agent.envs.base import BUILTIN_ENVS, Env, load_env
+from offline_agent.envs.base import BUILTIN_ENVS, Env
+from offline_agent.envs.trl import ShapeError, build_env
 from offline_agent.evaluation import EvalConfig
 from offline_agent.mining.config import MineConfig
 from offline_agent.policy.models import DEFAULT_MODEL
@@ -96,10 +97,17 @@ class ModelConfig:
 @dataclass
 class EnvConfig:
     name: str = config_field("minishop", "built-in env (minishop, math, python) or "
-                                         "'package.module:Class'")
+                                         "'package.module:Class' (an Env subclass, or a TRL "
+                                         "environment_factory class)")
     kwargs: dict[str, Any] = field(
         default_factory=dict, metadata={HELP: "extra keyword arguments of the env constructor"}
     )
+    dataset: str | None = config_field(None, "a TRL environment's tasks: a JSONL, CSV or parquet "
+                                             "file or a saved dataset folder, one task per row; "
+                                             "null: none")
+    reward_fn: str | None = config_field(None, "a TRL environment without get_reward(): its "
+                                               "reward function, 'package.module:function'; "
+                                               "null: get_reward()")
     train_tasks: int = config_field(32, "tasks of the train split (searched, mined, trained on)")
     test_tasks: int = config_field(16, "tasks of the test split (held out for evaluation)")
     val_tasks: int = config_field(0, "validation tasks (train.select: val): the env's train tasks "
@@ -218,7 +226,11 @@ def unhashed_keys() -> set[str]:
 
 def make_env(cfg: RunConfig) -> Env:
     """A fresh env of the run: what every stage and command that steps or reads tasks uses."""
-    return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
+    try:
+        return build_env(cfg.env.name, cfg.env.dataset, cfg.env.reward_fn, seed=cfg.run.seed,
+                         **cfg.env.kwargs)
+    except ShapeError as e:
+        raise ConfigError(str(e)) from None
 
 
 def apply_override(data: dict, item: str) -> None:

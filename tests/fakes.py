@@ -134,3 +134,38 @@ class MinedCorridor(ListedCorridor):
     """ListedCorridor under its tasks' env name, so the mine stage takes its trees."""
 
     name = "corridor"
+
+
+def scripted_sample(actions: list[str]):
+    """A `Policy.sample` that answers each row with one of `actions`, picked by a hash of (prompt,
+    temperature, seed), so batching cannot change it; its ids are the tokenizer's, so training
+    reads them as generated. Patched over HFPolicy.sample, it scripts a real run's search."""
+    import hashlib
+
+    from offline_agent.policy.base import Completion
+
+    def sample(self, prompts, n, sampling):
+        assert n == 1
+        out = []
+        for p, t, s in zip(prompts, sampling.temperature, sampling.seed):
+            key = hashlib.sha256(f"{p}/{t}/{s}".encode()).digest()
+            text = actions[int.from_bytes(key[:4], "little") % len(actions)]
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            out.append([Completion(text, ids, [-1.0] * len(ids), "stop", action_ids=ids)])
+        return out
+
+    return sample
+
+
+class ScriptedPolicy:
+    """Writes one of `actions` (scripted_sample); ranks choices by a hash."""
+
+    def __init__(self, tokenizer, actions: list[str]):
+        self.tokenizer = tokenizer
+        self.sample = scripted_sample(actions).__get__(self)
+
+    def choice_logprobs(self, prompts, choices):
+        import hashlib
+
+        return [[-(hashlib.sha256(f"{p}/{c}".encode()).digest()[0] % 7) / 3 for c in cs]
+                for p, cs in zip(prompts, choices)]

@@ -327,7 +327,17 @@ BUILTIN_ENVS = {
 
 
 def load_env(spec: str, **kwargs: Any) -> Env:
-    """Build an env from a built-in name or an import path `package.module:Class`."""
+    """Build an env from a built-in name or an import path `package.module:Class` of an Env
+    subclass (a TRL-shaped class is built by offline_agent.envs.trl.build_env)."""
+    cls = load_class(spec)
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise ValueError(f"{spec} is not an Env subclass; a TRL environment_factory class is "
+                         "built with its tasks: offline_agent.envs.trl.build_env")
+    return cls(**kwargs)
+
+
+def load_class(spec: str) -> Any:
+    """What a built-in name or an import path `package.module:Class` names."""
     path = BUILTIN_ENVS.get(spec, spec)
     if ":" not in path:
         raise ValueError(
@@ -335,7 +345,6 @@ def load_env(spec: str, **kwargs: Any) -> Env:
         )
     module, _, attr = path.partition(":")
     try:
-        cls = getattr(importlib.import_module(module), attr)
+        return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"cannot load env {spec!r}: {e}") from e
-    return cls(**kwargs)

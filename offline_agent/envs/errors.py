@@ -13,6 +13,11 @@ class ActionError(ValueError):
     """Raised by parsers/validators; `act` turns it into an invalid step, never a crash."""
 
 
+class NoToolCall(ActionError):
+    """A reply that calls no tool (empty, or prose): an invalid step for most envs, the end of
+    the episode for a TRL-shaped env, as under TRL (envs/trl/env.py)."""
+
+
 class EnvFailure(RuntimeError):
     """The env's own machinery failed (e.g. its sandbox cannot run): not the model's fault,
     so `act` raises it instead of recording an invalid step."""

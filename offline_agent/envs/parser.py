@@ -24,7 +24,7 @@ import textwrap
 from typing import Any
 
 from offline_agent.call_forms import FORMS
-from offline_agent.envs.errors import ActionError, short
+from offline_agent.envs.errors import ActionError, NoToolCall, short
 from offline_agent.types import ToolCall
 
 _LABEL = re.compile(r"^\s*(?:action|act)\s*\d*\s*:\s*", re.IGNORECASE)
@@ -47,7 +47,7 @@ def parse_form(text: str, tools: list[dict]) -> tuple[ToolCall, str]:
     """parse_action's call, and which of FORMS it was written in."""
     specs = {t["function"]["name"].lower(): t["function"] for t in tools}
     if not text or not text.strip():
-        raise ActionError(f"empty action; write one of: {_usage(specs)}")
+        raise NoToolCall(f"empty action; write one of: {_usage(specs)}")
     finders = (_find_tag, _find_json, _find_bracket, _find_paren, _find_bare)
     found = [
         (*f, form)
@@ -60,7 +60,7 @@ def parse_form(text: str, tools: list[dict]) -> tuple[ToolCall, str]:
             raise ActionError(
                 f"unknown tool {short(unknown.group(1))!r}; available: {_available(specs)}"
             )
-        raise ActionError(f"no tool call found; write one of: {_usage(specs)}")
+        raise NoToolCall(f"no tool call found; write one of: {_usage(specs)}")
     _, result, form = min(found, key=lambda f: f[0])
     if isinstance(result, ActionError):
         raise result

@@ -87,25 +87,38 @@ def _check_parameters(name: str, params: object) -> None:
 
 
 def check_tasks(make_env: Callable[[], Env], n: int) -> str:
-    """Two fresh envs give the same tasks; ids are unique; train and test share nothing."""
+    """Two fresh envs give the same tasks; ids are unique; train and test share no id and no
+    task (instruction and data). A split may hold fewer than n tasks (a dataset's rows), never
+    none."""
     splits = {}
     for split in ("train", "test"):
         first, again = make_env().tasks(split, n), make_env().tasks(split, n)
-        if len(first) != n:
+        if not first:
+            raise CheckFailed(f"tasks({split!r}, {n}) returned no tasks")
+        if len(first) > n or len(first) < n and len(make_env().tasks(split, 2 * n)) != len(first):
             raise CheckFailed(f"tasks({split!r}, {n}) returned {len(first)} tasks")
         if [t.to_dict() for t in first] != [t.to_dict() for t in again]:
             raise CheckFailed(f"tasks({split!r}, {n}) differ between two envs with one seed")
-        if len({t.id for t in first}) != n:
+        if len({t.id for t in first}) != len(first):
             raise CheckFailed(f"tasks({split!r}, {n}) repeat an id")
         wrong = [t.id for t in first if t.split != split]
         if wrong:
             raise CheckFailed(f"task {wrong[0]} from tasks({split!r}) has another split")
         splits[split] = first
-    for key in ("id", "instruction"):
-        shared = {getattr(t, key) for t in splits["train"]} & {getattr(t, key) for t in splits["test"]}
-        if shared:
-            raise CheckFailed(f"train and test share the {key} {sorted(shared)[0][:60]!r}")
-    return f"{n} train and {n} test tasks, deterministic, disjoint"
+    shared = {t.id for t in splits["train"]} & {t.id for t in splits["test"]}
+    if shared:
+        raise CheckFailed(f"train and test share the id {sorted(shared)[0][:60]!r}")
+    test = {_content(t) for t in splits["test"]}
+    same = [t for t in splits["train"] if _content(t) in test]
+    if same:
+        raise CheckFailed(f"train and test share the task {same[0].instruction[:60]!r}")
+    return (f"{len(splits['train'])} train and {len(splits['test'])} test tasks, deterministic, "
+            "disjoint")
+
+
+def _content(task: Task) -> str:
+    """What makes a task the same task: its instruction and its data."""
+    return json.dumps([task.instruction, task.data], sort_keys=True, default=repr)
 
 
 def check_round_trip(make_env: Callable[[], Env]) -> str:
