@@ -128,10 +128,10 @@ def comparisons(store: Store, cfg: EvalConfig) -> list[dict]:
 
 
 def checkpoint_selection(store: Store) -> dict[str, dict]:
-    """{policy: which checkpoint train.select=val chose and why, with every candidate's
-    validation score} for each trained policy selected that way (pipelines/selection.py)."""
-    return {name: final["selected"] for name, final in trained_policies(store).items()
-            if "selected" in final}
+    """{policy: which checkpoint train.select (or grpo.select) = val chose and why, with every
+    candidate's validation score} for each policy selected that way (pipelines/selection.py)."""
+    finals = {**trained_policies(store), **store.final_checkpoints("grpo")}
+    return {name: final["selected"] for name, final in finals.items() if "selected" in final}
 
 
 def episode_transcripts(store: Store) -> dict[str, dict]:

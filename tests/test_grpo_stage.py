@@ -173,6 +173,9 @@ def test_select_val_chooses_the_step_on_validation_and_eval_plays_the_choice(pic
     """grpo.select: val keeps each step checkpoint, plays it and the last step on the
     validation tasks (split val, never the test table) and records the best as grpo/final,
     which eval then plays: GRPO's step count chosen on validation."""
+    from offline_agent.evaluation import EvalConfig
+    from pipelines.report import build_report
+
     settings = grpo_config(pick_model_dir, steps=4, select="val")
     settings["env"]["val_tasks"] = 4
     stats = run(RunConfig.from_dict(settings), tmp_path / "r", GRPO)["grpo"]["stats"]
@@ -187,6 +190,7 @@ def test_select_val_chooses_the_step_on_validation_and_eval_plays_the_choice(pic
                                                                 split="test")
         assert eval_policies(store, tmp_path / "r")["grpo"] == str(tmp_path / "r" /
                                                                    stats["folder"])
+        assert build_report(store, EvalConfig())["selection"]["grpo"] == chosen
     assert (tmp_path / "r" / "checkpoints/grpo/grpo/candidates/step-2/adapter_config.json"
             ).is_file()
 
