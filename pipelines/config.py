@@ -186,8 +186,13 @@ def unhashed_keys() -> set[str]:
 
 
 def make_env(cfg: RunConfig) -> Env:
-    """A fresh env of the run: what every stage and command that steps or reads tasks uses."""
-    return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
+    """A fresh env of the run: what every stage and command that steps or reads tasks uses.
+    An env.name that names no env class, or env.kwargs its constructor refuses, is a
+    ConfigError (one line), as a bad config key is."""
+    try:
+        return load_env(cfg.env.name, seed=cfg.run.seed, **cfg.env.kwargs)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def apply_override(data: dict, item: str) -> None:

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from offline_agent.mining.advice import NO_ROWS, NO_STEP_PAIRS
 from storage import Store
 
 ROWS_PER_SHARD = 10_000
@@ -99,10 +100,15 @@ def config_rows(store: Store, tools: str, include_hindsight_in_rft: bool,
 
 
 def write_dataset(out: Path, rows: dict[str, list], card: str) -> dict[str, int]:
-    """Write the folder next to `out`, then move it into place; returns rows per config."""
+    """Write the folder next to `out`, then move it into place; returns rows per config. A
+    config without rows gets no files: `datasets` cannot load an empty split (a parquet of 0
+    rows raises ArrowInvalid, one of no row groups "corresponds to no data")."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     for config, data in rows.items():
+        if not data:
+            continue
         table = pa.Table.from_pylist(data, schema=SCHEMAS[config])
         n = max(1, -(-len(data) // ROWS_PER_SHARD))
         folder = tmp / "data" / config
@@ -120,9 +126,10 @@ def write_dataset(out: Path, rows: dict[str, list], card: str) -> dict[str, int]
 def dataset_card(counts: dict[str, int], config: dict, run_id: str, model: str,
                  mine: str) -> str:
     header = {"configs": [{"config_name": c, "data_files": [
-        {"split": "train", "path": f"data/{c}/train-*"}]} for c in CONFIGS],
+        {"split": "train", "path": f"data/{c}/train-*"}]} for c in CONFIGS if counts[c]],
         "tags": ["trl", "dpo", "agent", "tool-use", "mcts", "offline-agent"]}
-    table = "\n".join(f"| `{c}` | {counts[c]} |" for c in CONFIGS)
+    table = "\n".join(f"| `{c}` | {counts[c] or '0 (left out: an empty split cannot be loaded)'} |"
+                      for c in CONFIGS)
     return f"""---
 {yaml.safe_dump(header, sort_keys=False)}---
 
@@ -136,7 +143,7 @@ verifier). `pairs` holds step-level preferences between sibling actions whose va
 Q = alpha*Q_mcts + (1-alpha)*critic (a finished episode's step: its reward) differ by at
 least theta; `trajectory_pairs` a
 successful vs a failed episode of one task (outcome DPO); `rft` successful episodes for
-rejection-sampling fine-tuning; `hindsight` failed episodes relabeled with the goal they
+rejection-sampling fine-tuning{_rft_note(config)}; `hindsight` failed episodes relabeled with the goal they
 reached, each verified by replaying its actions under the new goal.{_round_note(mine)}
 
 | config | rows |
@@ -156,6 +163,33 @@ arguments as JSON strings and `tools` is the JSON list of the environment's tool
 ```yaml
 {yaml.safe_dump(config, sort_keys=False)}```
 """
+
+
+def _rft_note(config: dict) -> str:
+    return " (and the hindsight rows, mine.rft_hindsight)" if config["mine"]["rft_hindsight"] else ""
+
+
+def rows_line(counts: dict[str, int], rft_hindsight: bool) -> str:
+    """`rows: pairs 3, ...` for stdout; the rft count says it holds the hindsight rows too,
+    so it reads right next to the mine stage's rft_examples."""
+    parts = [f"{c} {n}" for c, n in counts.items()]
+    if rft_hindsight and counts["hindsight"]:
+        solved = counts["rft"] - counts["hindsight"]
+        parts[CONFIGS.index("rft")] += f" ({solved} solved + {counts['hindsight']} hindsight)"
+    return "rows: " + ", ".join(parts)
+
+
+def left_out(store: Store, counts: dict[str, int], mine: str = "mine") -> list[str]:
+    """A warning line per config the export left out (no rows), saying why."""
+    row = store.stage(mine)
+    advice = (row.stats or {}).get(NO_STEP_PAIRS) if row else None
+    lines = []
+    for config, kind in zip(CONFIGS, ("step", "trajectory", "rft", "hindsight")):
+        if not counts[config]:
+            why = NO_ROWS[kind] + (f"; {advice}" if kind == "step" and advice else "")
+            lines.append(f"warning: config {config!r} left out of the dataset, as `datasets` "
+                         f"cannot load an empty split: {why}")
+    return lines
 
 
 def _round_note(mine: str) -> str:

@@ -13,7 +13,7 @@ from storage.ids import (
     split_node_id,
 )
 from storage.merge import MergeConflict, merge_shards
-from storage.mining import select_step_pairs, step_pair_inputs
+from storage.mining import select_step_pairs, sibling_gaps, step_pair_inputs
 from storage.rows import (
     EvalEpisodeRow,
     ExampleRow,
@@ -53,6 +53,7 @@ __all__ = [
     "merge_shards",
     "rollout_traj_id",
     "select_step_pairs",
+    "sibling_gaps",
     "split_node_id",
     "step_pair_inputs",
 ]

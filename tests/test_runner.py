@@ -179,7 +179,7 @@ def test_outputs_and_done_mark_commit_together(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run(fake_cfg(), tmp_path, [Stage("tasks", (), crashes)])
     with Store(tmp_path / "store.duckdb", read_only=True) as s:
-        assert s.tasks() == [] and s.stage("tasks").status == "failed"
+        assert s.tasks() == [] and s.stage("tasks").status == "interrupted"
     assert json.loads((tmp_path / "progress.json").read_text())["status"] == "interrupted"
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -328,7 +329,9 @@ BUILTIN_ENVS = {
 
 
 def load_env(spec: str, **kwargs: Any) -> Env:
-    """Build an env from a built-in name or an import path `package.module:Class`."""
+    """Build an env from a built-in name or an import path `package.module:Class`. A spec
+    that names no Env class, or arguments its constructor does not take, is a ValueError
+    (a mistake in the config); an exception the constructor raises is the env's own."""
     path = BUILTIN_ENVS.get(spec, spec)
     if ":" not in path:
         raise ValueError(
@@ -337,6 +340,17 @@ def load_env(spec: str, **kwargs: Any) -> Env:
     module, _, attr = path.partition(":")
     try:
         cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
+    except ImportError as e:
+        where = (" (it must be importable from the current folder or PYTHONPATH)"
+                 if e.name and module.startswith(e.name) else f" (while importing {module})")
+        raise ValueError(f"cannot load env {spec!r}: {e}{where}") from e
+    except AttributeError as e:
         raise ValueError(f"cannot load env {spec!r}: {e}") from e
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise ValueError(f"cannot load env {spec!r}: {attr} is not a subclass of "
+                         "offline_agent.envs.base.Env")
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"env {spec!r} does not take the arguments {kwargs}: {e}") from None
     return cls(**kwargs)

@@ -62,7 +62,7 @@ STAGES: list[Stage] = [
     Stage("mine", ("run", "env", "model", "search", "critic", "mine"), run_mine,
           view=train_tasks_only),
     Stage("export", ("run", "env", "model", "search", "critic", "mine"), run_export,
-          view=train_tasks_only),
+          view=train_tasks_only, outputs=("export",)),
     Stage("train", ("run", "env", "model", "search", "critic", "mine", "train"), run_train,
           view=no_test_tasks),
     Stage("grpo", ("run", "env", "model", "search", "critic", "mine", "train", "grpo"), run_grpo,
@@ -71,7 +71,7 @@ STAGES: list[Stage] = [
     Stage("eval", ("run", "env", "model", "search", "critic", "mine", "train", "grpo", "eval"),
           run_eval),
     # Reads only what earlier stages stored; `offline-agent report RUN_DIR` re-renders it.
-    Stage("report", (), run_report),
+    Stage("report", (), run_report, outputs=("report",)),
 ]
 
 # Round k >= 2 searches with the policy round k-1 trained: its stages depend on every section
