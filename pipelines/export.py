@@ -143,8 +143,8 @@ verifier). `pairs` holds step-level preferences between sibling actions whose va
 Q = alpha*Q_mcts + (1-alpha)*critic (a finished episode's step: its reward) differ by at
 least theta; `trajectory_pairs` a
 successful vs a failed episode of one task (outcome DPO); `rft` successful episodes for
-rejection-sampling fine-tuning{_rft_note(config)}; `hindsight` failed episodes relabeled with the goal they
-reached, each verified by replaying its actions under the new goal.{_round_note(mine)}
+rejection-sampling fine-tuning{_rft_note(config)}; `hindsight` failed episodes
+relabeled with the goal they reached, each verified by replaying its actions under the new goal.{_round_note(mine)}
 
 | config | rows |
 |---|---|
@@ -166,7 +166,8 @@ arguments as JSON strings and `tools` is the JSON list of the environment's tool
 
 
 def _rft_note(config: dict) -> str:
-    return " (and the hindsight rows, mine.rft_hindsight)" if config["mine"]["rft_hindsight"] else ""
+    on = config["mine"]["rft_hindsight"]
+    return " (and the hindsight rows, mine.rft_hindsight)" if on else ""
 
 
 def rows_line(counts: dict[str, int], rft_hindsight: bool) -> str:

@@ -1,10 +1,10 @@
 """Stage runner: runs an ordered list of stages against one run directory, resumably.
 
-Each stage's row in the store's `stages` table holds its status (running | done | failed | interrupted),
-the hash of the config sections it depends on, its stats and timings. Re-running skips
-done stages; a stage left running or failed by a crash runs again and resumes from what
-it stored. Stored results made under a different config are never mixed with new ones:
-the runner refuses, or with `force` clears them first.
+Each stage's row in the store's `stages` table holds its status (running | done | failed |
+interrupted), the hash of the config sections it depends on, its stats and timings.
+Re-running skips done stages; a stage left running, failed or interrupted runs again and
+resumes from what it stored. Stored results made under a different config are never mixed
+with new ones: the runner refuses, or with `force` clears them first.
 
 A stage lists every section its results depend on, upstream ones included (search lists
 env and model too), and its `view` drops the keys of those sections it does not read (search
