@@ -89,3 +89,42 @@ def test_export_before_mining_is_a_clear_error(tmp_path, capsys):
     run(fake_cfg(), tmp_path / "r", STAGES, until="tasks")
     assert main(["export", str(tmp_path / "r"), "--out", str(tmp_path / "o")]) == 2
     assert "no finished `mine` stage" in capsys.readouterr().err
+
+
+def test_a_config_without_rows_is_left_out_so_every_listed_config_loads(tmp_path):
+    """`datasets` cannot load an empty split (a 0-row parquet raises ArrowInvalid, one with no
+    row groups "corresponds to no data"): the card lists only configs with rows, each of which
+    loads, and asking for the empty one names the configs there are."""
+    from datasets import load_dataset
+
+    from pipelines.export import CONFIGS, dataset_card, write_dataset
+    from tests.fakes import fake_cfg
+
+    messages = [{"role": "user", "content": "go", "tool_calls": None}]
+    rows = {c: [] for c in CONFIGS}
+    rows["rft"] = [{"messages": messages, "tools": "[]", "run_id": "r", "task_id": "t",
+                    "env": "fake", "kind": "rft", "instruction": "go", "source_traj": 1,
+                    "reward": 1.0}]
+    counts = {c: len(r) for c, r in rows.items()}
+    card = dataset_card(counts, fake_cfg().to_dict(), "r", "m", "mine")
+    write_dataset(tmp_path / "ds", rows, card)
+    assert sorted(p.name for p in (tmp_path / "ds" / "data").iterdir()) == ["rft"]
+    assert "| `pairs` | 0 (left out: an empty split cannot be loaded) |" in card
+    assert len(load_dataset(str(tmp_path / "ds"), "rft", split="train")) == 1
+    with pytest.raises(ValueError, match="rft"):  # datasets names the configs it has
+        load_dataset(str(tmp_path / "ds"), "pairs", split="train")
+
+
+def test_the_rft_count_says_it_holds_the_hindsight_rows(mined_run):
+    """mine's rft_examples counts solved episodes; export's rft config adds the hindsight
+    relabels (mine.rft_hindsight): the printed line says so, so the two numbers agree."""
+    from pipelines.export import rows_line
+
+    stats = mined_run[2]["mine"]["stats"]
+    counts = {c: mined_run[2]["export"]["stats"][c]
+              for c in ("pairs", "trajectory_pairs", "rft", "hindsight")}
+    assert counts["rft"] == stats["rft_examples"] + stats["hindsight_examples"]
+    line = rows_line(counts, rft_hindsight=True)
+    assert (f"rft {counts['rft']} ({stats['rft_examples']} solved + "
+            f"{stats['hindsight_examples']} hindsight)") in line
+    assert "solved" not in rows_line(counts, rft_hindsight=False)

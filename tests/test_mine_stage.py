@@ -242,3 +242,35 @@ def test_trl_trains_on_the_export_unchanged(mined_run, tiny_model_dir, tmp_path)
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "steps 1 1" in proc.stdout
+
+
+@pytest.mark.parametrize("mine, says", [
+    ({"min_visits": 1000}, "has two children that count, a child counts when it ends the "
+                           "episode or has mine.min_visits=1000 visits: raise search.simulations"),
+    ({"theta": 5}, "the largest value gap between two sibling actions is 0.75, below "
+                   "mine.theta=5.0"),
+])
+def test_no_step_pairs_says_why_and_what_to_change(mined_run, tmp_path, capsys, mine, says):
+    """A round that mines no step pairs names the condition no node met, with the setting to
+    change, in its stats (what `status` shows) and on stdout."""
+    import shutil
+
+    run_dir = shutil.copytree(mined_run[0], tmp_path / "r")
+    cfg = mined_run[1]
+    changed = RunConfig.from_dict({**cfg.to_dict(), "mine": {**cfg.to_dict()["mine"], **mine}})
+    stages = [STAGE["tasks"], Stage("search", ("run", "env", "model", "search"),
+                                    scripted_search), STAGE["mine"]]
+    stats = run(changed, run_dir, stages, force=True)["mine"]["stats"]
+    assert stats["step_pairs"] == 0 and says in stats["no_step_pairs"]
+    assert f"mine: no step pairs: {stats['no_step_pairs']}" in capsys.readouterr().out
+
+
+def test_no_step_pairs_why_covers_each_missing_condition():
+    from offline_agent.mining.advice import no_step_pairs_why
+    from offline_agent.mining.config import MineConfig
+
+    cfg = MineConfig()
+    assert "expanded no node" in no_step_pairs_why(
+        {"expanded": 0, "compared": 0, "best_gap": None}, cfg)
+    assert "every child is an invalid action" in no_step_pairs_why(
+        {"expanded": 3, "compared": 2, "best_gap": None}, cfg)

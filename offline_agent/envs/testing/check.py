@@ -131,9 +131,8 @@ def check_round_trip(make_env: Callable[[], Env], seed: int = 0, episodes: int =
         if w != g:
             raise CheckFailed(f"after restore, {action[:40]!r} gave {g!r:.100} instead of {w!r:.100}")
     size = len(json.dumps(blob))
-    return (f"{len(rest)} actions replayed identically after restore, and {steps} steps of "
-            f"{episodes} random episodes each from a restored snapshot (snapshot: {size} "
-            "bytes of JSON)")
+    return (f"{steps} steps of {episodes} random episodes and {len(rest)} probe actions play "
+            f"alike on a fresh env restored from a snapshot ({size} bytes of JSON)")
 
 
 def _restore_every_step(make_env: Callable[[], Env], seed: int, episodes: int) -> int:
