@@ -329,7 +329,8 @@ def _new_dirs(path: Path) -> list[Path]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from pipelines.export import export, left_out, push, rows_line
+    from pipelines.export import export, left_out, push
+    from pipelines.headlines import export_rows
 
     if args.out and args.out.exists() and any(args.out.iterdir()):
         raise FileExistsError(f"{args.out} exists and is not empty; export into a new folder")
@@ -348,7 +349,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         mine = round_name("mine", args.round)
         counts = export(store, out, env.tools, cfg.to_dict(), mine)
         warnings = left_out(store, counts, mine)
-    print(f"dataset: {out}  {rows_line(counts, cfg.mine.rft_hindsight)}")
+    print(f"dataset: {out}  rows: {export_rows(counts, cfg.mine.rft_hindsight)}")
     for line in warnings:
         print(line, file=sys.stderr)
     if args.hub:

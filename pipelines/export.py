@@ -170,16 +170,6 @@ def _rft_note(config: dict) -> str:
     return " (and the hindsight rows, mine.rft_hindsight)" if on else ""
 
 
-def rows_line(counts: dict[str, int], rft_hindsight: bool) -> str:
-    """`rows: pairs 3, ...` for stdout; the rft count says it holds the hindsight rows too,
-    so it reads right next to the mine stage's rft_examples."""
-    parts = [f"{c} {n}" for c, n in counts.items()]
-    if rft_hindsight and counts["hindsight"]:
-        solved = counts["rft"] - counts["hindsight"]
-        parts[CONFIGS.index("rft")] += f" ({solved} solved + {counts['hindsight']} hindsight)"
-    return "rows: " + ", ".join(parts)
-
-
 def left_out(store: Store, counts: dict[str, int], mine: str = "mine") -> list[str]:
     """A warning line per config the export left out (no rows), saying why."""
     row = store.stage(mine)

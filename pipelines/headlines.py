@@ -52,8 +52,10 @@ def _baseline(s: dict) -> str:
 
 def _search(s: dict) -> str:
     line = (f"solved {s['tasks_solved_by_search']}/{s['trees']} train tasks (greedy "
-            f"{s['tasks_solved_greedy']}); {s.get('nodes', 0)} nodes, "
-            f"{s.get('simulations', 0)} simulations")
+            f"{s['tasks_solved_greedy']}); {_n(s.get('nodes', 0), 'node')}, "
+            f"{_n(s.get('simulations', 0), 'simulation')}")
+    if s.get("trees_resumed"):
+        line += f", {_n(s['trees_resumed'], 'tree')} resumed"
     return line + _concordance(s.get(CONCORDANCE))
 
 
@@ -74,9 +76,20 @@ def _mine(s: dict) -> str:
             f"{s['rft_examples']}, hindsight {s['hindsight_examples']}")
 
 
+def export_rows(counts: dict[str, int], rft_hindsight: bool) -> str:
+    """`pairs 3, trajectory_pairs 3, rft 8 (6 solved + 2 hindsight), hindsight 2`: the rft
+    count says it holds the hindsight rows too, so it reads right next to the mine stage's
+    rft_examples."""
+    parts = []
+    for config, n in counts.items():
+        h = counts["hindsight"] if config == "rft" and rft_hindsight else 0
+        parts.append(f"{config} {n}" + (f" ({n - h} solved + {h} hindsight)" if h else ""))
+    return ", ".join(parts)
+
+
 def _export(s: dict) -> str:
-    counts = ", ".join(f"{k} {s[k]}" for k in ("pairs", "trajectory_pairs", "rft", "hindsight"))
-    return f"{counts} -> {s['folder']}"
+    counts = {k: s[k] for k in ("pairs", "trajectory_pairs", "rft", "hindsight")}
+    return f"{export_rows(counts, s.get('rft_hindsight', False))} -> {s['folder']}"
 
 
 def _train(s: dict) -> str:

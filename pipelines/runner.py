@@ -166,7 +166,8 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
               f"skipping: {headline(stage.name, row.stats)}", flush=True)
         return {"status": "skipped", "stats": row.stats}
     verb = ("running again: stages before it ran" if redo and row
-            else f"resuming after a {row.status} attempt" if row else "running")
+            else f"resuming after {'an' if row.status[0] in 'aeiou' else 'a'} {row.status} "
+            "attempt" if row else "running")
     print(f"stage {label}: {verb}", flush=True)
     store.start_stage(stage.name, shard, stage.hash(cfg), stage.hashed(cfg))
     progress.start(stage.name, shard)

@@ -118,13 +118,14 @@ def test_a_config_without_rows_is_left_out_so_every_listed_config_loads(tmp_path
 def test_the_rft_count_says_it_holds_the_hindsight_rows(mined_run):
     """mine's rft_examples counts solved episodes; export's rft config adds the hindsight
     relabels (mine.rft_hindsight): the printed line says so, so the two numbers agree."""
-    from pipelines.export import rows_line
+    from pipelines.headlines import export_rows, headline
 
     stats = mined_run[2]["mine"]["stats"]
     counts = {c: mined_run[2]["export"]["stats"][c]
               for c in ("pairs", "trajectory_pairs", "rft", "hindsight")}
     assert counts["rft"] == stats["rft_examples"] + stats["hindsight_examples"]
-    line = rows_line(counts, rft_hindsight=True)
-    assert (f"rft {counts['rft']} ({stats['rft_examples']} solved + "
-            f"{stats['hindsight_examples']} hindsight)") in line
-    assert "solved" not in rows_line(counts, rft_hindsight=False)
+    said = (f"rft {counts['rft']} ({stats['rft_examples']} solved + "
+            f"{stats['hindsight_examples']} hindsight)")
+    assert said in export_rows(counts, rft_hindsight=True)
+    assert said in headline("export", mined_run[2]["export"]["stats"])  # what status shows
+    assert "solved" not in export_rows(counts, rft_hindsight=False)
