@@ -99,18 +99,20 @@ def config_rows(store: Store, tools: str, include_hindsight_in_rft: bool,
     return rows
 
 
-def write_dataset(out: Path, rows: dict[str, list], card: str) -> dict[str, int]:
-    """Write the folder next to `out`, then move it into place; returns rows per config. A
-    config without rows gets no files: `datasets` cannot load an empty split (a parquet of 0
-    rows raises ArrowInvalid, one of no row groups "corresponds to no data")."""
+def config_tables(rows: dict[str, list]) -> dict[str, pa.Table]:
+    """The configs with rows as Arrow tables. A config without rows gets none, so no files:
+    `datasets` cannot load an empty split (a parquet of 0 rows raises ArrowInvalid, one of
+    no row groups "corresponds to no data")."""
+    return {c: pa.Table.from_pylist(data, schema=SCHEMAS[c]) for c, data in rows.items() if data}
+
+
+def write_dataset(out: Path, tables: dict[str, pa.Table], card: str) -> None:
+    """Write the folder next to `out`, then move it into place."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for config, data in rows.items():
-        if not data:
-            continue
-        table = pa.Table.from_pylist(data, schema=SCHEMAS[config])
-        n = max(1, -(-len(data) // ROWS_PER_SHARD))
+    for config, table in tables.items():
+        n = max(1, -(-table.num_rows // ROWS_PER_SHARD))
         folder = tmp / "data" / config
         folder.mkdir(parents=True)
         for i in range(n):
@@ -120,13 +122,31 @@ def write_dataset(out: Path, rows: dict[str, list], card: str) -> dict[str, int]
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
-    return {config: len(data) for config, data in rows.items()}
 
 
-def dataset_card(counts: dict[str, int], config: dict, run_id: str, model: str,
-                 mine: str) -> str:
+def dataset_info(tables: dict[str, pa.Table]) -> list[dict]:
+    """The card's `dataset_info` (features, rows and bytes per config), as push_to_hub writes
+    it. Besides describing the data, it keys `datasets`' cache: a local folder's cache is
+    found by the folder's name and its card alone, so without it a new export into a folder
+    of the same name (every run's RUN_DIR/export) loads the rows cached from the last one."""
+    from datasets import DatasetInfo, Features, SplitDict, SplitInfo
+    from datasets.info import DatasetInfosDict
+
+    infos = DatasetInfosDict({c: DatasetInfo(
+        config_name=c, features=Features.from_arrow_schema(t.schema), dataset_size=t.nbytes,
+        splits=SplitDict({"train": SplitInfo("train", num_bytes=t.nbytes,
+                                             num_examples=t.num_rows)}))
+        for c, t in tables.items()})
+    card: dict = {}
+    infos.to_dataset_card_data(card)
+    return card["dataset_info"] if tables else []
+
+
+def dataset_card(counts: dict[str, int], tables: dict[str, pa.Table], config: dict,
+                 run_id: str, model: str, mine: str) -> str:
     header = {"configs": [{"config_name": c, "data_files": [
-        {"split": "train", "path": f"data/{c}/train-*"}]} for c in CONFIGS if counts[c]],
+        {"split": "train", "path": f"data/{c}/train-*"}]} for c in tables],
+        "dataset_info": dataset_info(tables),
         "tags": ["trl", "dpo", "agent", "tool-use", "mcts", "offline-agent"]}
     table = "\n".join(f"| `{c}` | {counts[c] or '0 (left out: an empty split cannot be loaded)'} |"
                       for c in CONFIGS)
@@ -199,8 +219,10 @@ def export(store: Store, out: Path, tools: list[dict], config: dict,
         raise ExportError(f"nothing to export: the run has no finished `{mine}` stage yet")
     rows = config_rows(store, json.dumps(tools), config["mine"]["rft_hindsight"], mine)
     counts = {c: len(r) for c, r in rows.items()}
-    card = dataset_card(counts, config, store.run_id, config["model"]["id"], mine)
-    return write_dataset(out, rows, card)
+    tables = config_tables(rows)
+    write_dataset(out, tables, dataset_card(counts, tables, config, store.run_id,
+                                            config["model"]["id"], mine))
+    return counts
 
 
 def push(folder: Path, repo_id: str, private: bool, revision: str | None, api=None) -> str:

@@ -176,7 +176,8 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
     try:
         stats = stage.fn(ctx)
     except KeyboardInterrupt:
-        store.fail_stage(stage.name, shard, "KeyboardInterrupt", status="interrupted")
+        store.fail_stage(stage.name, shard, "KeyboardInterrupt: the same command resumes",
+                         status="interrupted")
         progress.status("interrupted")
         raise
     except BaseException as e:

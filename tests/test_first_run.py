@@ -163,14 +163,13 @@ def test_a_first_run_of_ones_own_env(folder, capsys):
                          "mine.theta=2", "--force", "--until", "export")
     assert code == 0
     assert "stage report: reads what --force cleared" in out
-    assert "mine: no step pairs: the largest value gap between two sibling actions" in out
-    assert "below mine.theta=2.0" in out and "lower mine.theta" in out
+    assert "mine: no step pairs: mine.theta=2.0 is above 1" in out and "lower it" in out
     assert "warning: config 'pairs' left out of the dataset" in err
     assert not Path("runs/first/report").exists()
     out = cli(capsys, "status", "runs/first")[1]
     lines = stage_lines(out)
     assert lines["mine"].startswith("done") and "step pairs 0" in lines["mine"]
-    assert re.search(r"^ {25}no step pairs: the largest value gap", out, re.M)  # under mine
+    assert re.search(r"^ {25}no step pairs: mine.theta=2.0 is above 1", out, re.M)  # under mine
     assert all(lines[s] == "not run" for s in ("train", "grpo", "eval", "report")), lines
 
     code, _, err = cli(capsys, "report", "runs/first")  # no eval left: no empty report
@@ -182,7 +181,7 @@ def test_a_first_run_of_ones_own_env(folder, capsys):
                          "mine.theta=2", "--set", "grpo.enabled=true")
     assert code == 2
     one_error(err, "grpo.init=dpo_step, but stage train cannot train 'dpo_step', no training "
-                   "data: no step pairs were mined; the largest value gap")
+                   "data: no step pairs were mined; mine.theta=2.0 is above 1")
     assert "stage train: done" not in out
     lines = stage_lines(cli(capsys, "status", "runs/first")[1])
     assert lines["train"].startswith("failed") and "grpo.init=dpo_step" in lines["train"]
@@ -191,7 +190,7 @@ def test_a_first_run_of_ones_own_env(folder, capsys):
     code, out, _ = cli(capsys, "run", "first.yaml", "--run-dir", "runs/first", "--set",
                        "mine.theta=2")
     assert code == 0
-    assert "train: dpo_step: skipped, no training data: no step pairs were mined; the " in out
+    assert "train: dpo_step: skipped, no training data: no step pairs were mined; mine." in out
     lines = stage_lines(cli(capsys, "status", "runs/first")[1])
     assert all(line.startswith("done") for line in lines.values()), lines
     assert "dpo_step skipped (no step pairs were mined)" in lines["train"]

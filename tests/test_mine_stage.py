@@ -180,7 +180,9 @@ def test_rerun_is_a_noop_and_changed_mine_config_needs_force(mined_run, capsys):
         run(changed, run_dir, stages)
 
 
-def test_export_loads_with_datasets(mined_run):
+def test_export_loads_with_datasets(mined_run, tmp_path):
+    """(Each load caches in tmp_path: `datasets` keys a local folder's cache by its name and
+    card, not its files, so another folder named `export` would answer from the cache.)"""
     from datasets import load_dataset
 
     run_dir, _, results = mined_run
@@ -190,7 +192,7 @@ def test_export_loads_with_datasets(mined_run):
     assert counts == {"pairs": 4 * TASKS, "trajectory_pairs": 2 * TASKS, "rft": 2 * TASKS,
                       "hindsight": TASKS}
     for config, n in counts.items():
-        ds = load_dataset(str(folder), config, split="train")
+        ds = load_dataset(str(folder), config, split="train", cache_dir=str(tmp_path))
         assert len(ds) == n
         if "pairs" in config:
             assert {"prompt", "chosen", "rejected", "tools", "run_id", "margin"} <= set(
@@ -220,10 +222,12 @@ common = dict(max_steps=1, per_device_train_batch_size=1, report_to=[], save_str
               use_cpu=True, logging_steps=1)
 dpo = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(model),
                  args=DPOConfig(output_dir=out + "/dpo", **common),
-                 train_dataset=load_dataset(export, "pairs", split="train"), processing_class=tok)
+                 train_dataset=load_dataset(export, "pairs", split="train", cache_dir=out),
+                 processing_class=tok)
 sft = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model),
                  args=SFTConfig(output_dir=out + "/sft", **common),
-                 train_dataset=load_dataset(export, "rft", split="train"), processing_class=tok)
+                 train_dataset=load_dataset(export, "rft", split="train", cache_dir=out),
+                 processing_class=tok)
 print("steps", dpo.train().global_step, sft.train().global_step)
 """
 
@@ -247,8 +251,9 @@ def test_trl_trains_on_the_export_unchanged(mined_run, tiny_model_dir, tmp_path)
 @pytest.mark.parametrize("mine, says", [
     ({"min_visits": 1000}, "has two children that count, a child counts when it ends the "
                            "episode or has mine.min_visits=1000 visits: raise search.simulations"),
-    ({"theta": 5}, "the largest value gap between two sibling actions is 0.75, below "
-                   "mine.theta=5.0"),
+    ({"theta": 0.9}, "the largest value gap between two sibling actions is 0.75, below "
+                     "mine.theta=0.9"),
+    ({"theta": 5}, "mine.theta=5.0 is above 1"),
 ])
 def test_no_step_pairs_says_why_and_what_to_change(mined_run, tmp_path, capsys, mine, says):
     """A round that mines no step pairs names the condition no node met, with the setting to

@@ -23,6 +23,9 @@ def no_step_pairs_why(gaps: dict, cfg: MineConfig) -> str:
         return (f"at each of the {gaps['compared']} nodes with two counted children every "
                 "child is an invalid action, and an invalid action is never chosen: make the "
                 "policy's replies valid with a demonstration or model.constrain=tools")
+    if cfg.theta > 1:
+        return (f"mine.theta={cfg.theta} is above 1, more than two values in [0, 1] can "
+                "differ: lower it (the default is 0.1)")
     return (f"the largest value gap between two sibling actions is {gaps['best_gap']:.3g}, "
             f"below mine.theta={cfg.theta}, so siblings scored alike (every branch solved the "
             "task, or none did): lower mine.theta, or search harder tasks with more "
