@@ -32,8 +32,8 @@ USER_ERRORS = (ConfigError, RunError, StoreError, EnvStateError, UsageError, Fil
 
 
 def main(argv: list[str] | None = None) -> int:
-    if "" not in sys.path:  # env.name: mymod:MyEnv from the current folder, as `python -m` finds it
-        sys.path.insert(0, "")
+    if "" not in sys.path:  # env.name mymod:MyEnv from the current folder, as `python -m`
+        sys.path.append("")  # finds it; last, so a file there never hides an installed package
     args = parser().parse_args(argv)
     try:
         return args.func(args)

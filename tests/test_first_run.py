@@ -225,3 +225,16 @@ def test_a_first_run_of_ones_own_env(folder, capsys):
     code, out, _ = cli(capsys, "run", "--run-dir", "runs/defaults", "--until", "tasks",
                        "--set", "env.name=fsworld_first:FsWorld")
     assert code == 0 and "fsworld: 32 train, 16 test tasks" in out
+
+
+def test_the_guides_tiny_run_config_loads_as_written():
+    """docs/environments.md's first.yaml: every key it names exists and takes its value."""
+    import yaml
+
+    from pipelines.config import RunConfig
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    text = re.search(r"```yaml\n(# first.yaml\n.*?)```", guide, re.DOTALL).group(1)
+    cfg = RunConfig.from_dict(yaml.safe_load(text))
+    assert cfg.env.name == "lamps:Lamps" and cfg.env.train_tasks == 4
+    assert (cfg.search.simulations, cfg.train.epochs, cfg.model.device) == (4, 1, "cpu")
