@@ -28,8 +28,8 @@ from pathlib import Path
 
 from offline_agent.evaluation import BASE
 from pipelines.config import ModelConfig, RunConfig, make_env
+from pipelines.errors import RunError
 from pipelines.rounds import round_name
-from pipelines.runner import RunError
 from storage import Store
 
 ITERATE = "iterate"  # search@k's checkpoint key (and folder) of the model round k runs with

@@ -18,10 +18,10 @@ from offline_agent.envs.base import EnvStateError
 from offline_agent.optional_deps import MissingExtra, require
 from pipelines.artifacts import CONCORDANCE, FROZEN
 from pipelines.config import ConfigError, RunConfig, help_lines, make_env
+from pipelines.errors import RunError
 from pipelines.export import ExportError
 from pipelines.progress import ProgressError, read_progress
 from pipelines.report_table import concordance_text, held_out_lines
-from pipelines.runner import RunError
 from storage import Store, StoreError, StoreInUse, TreeRow, merge_shards
 
 
@@ -34,6 +34,8 @@ USER_ERRORS = (ConfigError, RunError, StoreError, EnvStateError, UsageError, Fil
 
 
 def main(argv: list[str] | None = None) -> int:
+    if "" not in sys.path:  # env.name mymod:MyEnv from the current folder, as `python -m`
+        sys.path.append("")  # finds it; last, so a file there never hides an installed package
     args = parser().parse_args(argv)
     try:
         return args.func(args)
@@ -68,7 +70,9 @@ def _run_command(sub) -> None:
         "Re-running the same command resumes; finished stages are skipped.",
         epilog="config keys (defaults < CONFIG < --set):\n" + "\n".join(help_lines()),
     )
-    r.add_argument("config", type=Path, metavar="CONFIG", help="YAML config, e.g. configs/default.yaml")
+    r.add_argument("config", type=Path, nargs="?", metavar="CONFIG",
+                   help="YAML config, e.g. configs/default.yaml (default: none, every key at "
+                   "its default below; --set changes one)")
     r.add_argument("--run-dir", type=Path, help="run directory (default: runs/<run.name>-<time>)")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, value parsed as YAML (repeatable): --set search.k=8")
@@ -81,8 +85,12 @@ def _run_command(sub) -> None:
 
 
 def _status_command(sub) -> None:
-    s = sub.add_parser("status", help="show a run's stages and row counts (also while it runs)")
+    s = sub.add_parser("status", help="show a run's stages and row counts (also while it runs)",
+                       description="One line per stage: its status, time and headline "
+                       "figures; stages the run has still to do show as `not run`.")
     s.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    s.add_argument("--verbose", "-v", action="store_true",
+                   help="print each stage's whole stats dict instead of its headline")
     s.set_defaults(func=cmd_status)
 
 
@@ -199,7 +207,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    path = args.run_dir / "store.duckdb"
+    path = run_store(args.run_dir)
     try:
         store = Store(path, read_only=True)
     except StoreInUse as e:
@@ -210,29 +218,71 @@ def cmd_status(args: argparse.Namespace) -> int:
     with store:
         print(f"run directory: {args.run_dir}  (run id {store.run_id})")
         print("stages:")
-        for row in store.stages():
-            shard = f" [{row.shard}]" if row.shard else ""
-            took = f"{row.seconds:.1f}s" if row.seconds is not None else ""
-            # we hold the lock, so no process is running it: it was killed
-            status = "interrupted" if row.status == "running" else row.status
-            stats = dict(row.stats or {})
-            agreement = stats.pop(CONCORDANCE, None)
-            frozen = stats.pop(FROZEN, None)  # the critic stage's: frozen on its held-out trees
-            held_out: list[str] = []  # a train stage's policies': a line each
-            if row.stage.split("@")[0] == "train":
-                stats, held_out = held_out_lines(stats)
-            print(f"  {row.stage + shard:<22} {status:<11} {took:>8}  {stats or ''}")
-            for line in held_out:
-                print(f"  {'':<22} {line}")
-            if agreement is not None:
-                print(f"  {'':<22} {concordance_text(agreement)}")
-            if frozen is not None:
-                print(f"  {'':<22} frozen {concordance_text(frozen)} (same held-out trees)")
+        rows = store.stages()
+        for name in _stage_order(args.run_dir, rows):
+            for row in [r for r in rows if r.stage == name] or [None]:
+                _print_stage(name, row, args.verbose)
         counts = store.counts()
         print("rows: " + ", ".join(f"{t} {counts[t]}" for t in
                                    ("tasks", "trees", "nodes", "trajectories", "pairs",
                                     "examples")))
     return 0
+
+
+def _stage_order(run_dir: Path, rows: list) -> list[str]:
+    """The run's stages in pipeline order (its config.yaml's), then any other stored one."""
+    from pipelines.stages import pipeline
+
+    try:
+        planned = [s.name for s in pipeline(RunConfig.load(run_dir / "config.yaml").run.iterations)]
+    except ConfigError:  # a config this version cannot read: the stored stages alone
+        planned = []
+    return planned + [n for n in dict.fromkeys(r.stage for r in rows) if n not in planned]
+
+
+def _print_stage(name: str, row, verbose: bool) -> None:
+    """One stage's line (and, --verbose, its whole stats), or `not run`."""
+    from pipelines.headlines import headline, notes
+
+    if row is None:
+        print(f"  {name:<22} not run")
+        return
+    shard = f" [{row.shard}]" if row.shard else ""
+    took = f"{row.seconds:.1f}s" if row.seconds is not None else ""
+    # we hold the lock, so no process is running it: it was killed
+    status = "interrupted" if row.status == "running" else row.status
+    if not verbose:
+        print(f"  {name + shard:<22} {status:<11} {took:>8}  {headline(name, row.stats)}")
+        for line in notes(name, row.stats):
+            print(f"  {'':<22} {line}")
+        return
+    stats = dict(row.stats or {})
+    agreement = stats.pop(CONCORDANCE, None)
+    frozen = stats.pop(FROZEN, None)  # the critic stage's: frozen on its held-out trees
+    held_out: list[str] = []  # a train stage's policies': a line each
+    if name.split("@")[0] == "train":
+        stats, held_out = held_out_lines(stats)
+    print(f"  {name + shard:<22} {status:<11} {took:>8}  {stats or ''}")
+    for line in held_out:
+        print(f"  {'':<22} {line}")
+    if agreement is not None and agreement["overall"]["n"]:
+        print(f"  {'':<22} {concordance_text(agreement)}")
+    if frozen is not None and frozen["overall"]["n"]:
+        print(f"  {'':<22} frozen {concordance_text(frozen)} (same held-out trees)")
+
+
+def run_store(run_dir: Path) -> Path:
+    """RUN_DIR's store.duckdb; a run directory that is missing, a file or not a run's is
+    worded alike by every command that reads one."""
+    if not run_dir.exists():
+        raise UsageError(f"run directory {run_dir} does not exist")
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir} is a file, not a run directory")
+    path = run_dir / "store.duckdb"
+    if not path.exists():
+        raise UsageError(f"{run_dir} is not a run directory: it holds no store.duckdb "
+                         "(`offline-agent run` makes one)")
+    return path
 
 
 def _progress_text(run_dir: Path) -> str:
@@ -286,23 +336,29 @@ def _new_dirs(path: Path) -> list[Path]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from pipelines.export import export, push
+    from pipelines.export import export, left_out, push
+    from pipelines.headlines import export_rows
 
     if args.out and args.out.exists() and any(args.out.iterdir()):
         raise FileExistsError(f"{args.out} exists and is not empty; export into a new folder")
     from pipelines.rounds import round_name, stored_rounds
 
+    path = run_store(args.run_dir)
     cfg = RunConfig.load(args.run_dir / "config.yaml")
     env = make_env(cfg)
     out = args.out or args.run_dir / "export"
-    with Store(args.run_dir / "store.duckdb", read_only=True) as store:
+    with Store(path, read_only=True) as store:
         rounds = stored_rounds(store.stages, "mine")
         if args.round > 1 and args.round not in rounds:  # round 1: export() says what is missing
             raise UsageError(f"--round {args.round}: the run has no round {args.round} (stage "
                              f"{round_name('mine', args.round)!r}); rounds with a mine stage: "
                              f"{', '.join(map(str, rounds)) or 'none yet'}")
-        counts = export(store, out, env.tools, cfg.to_dict(), round_name("mine", args.round))
-    print(f"dataset: {out}  rows: " + ", ".join(f"{c} {n}" for c, n in counts.items()))
+        mine = round_name("mine", args.round)
+        counts = export(store, out, env.tools, cfg.to_dict(), mine)
+        warnings = left_out(store, counts, mine)
+    print(f"dataset: {out}  rows: {export_rows(counts, cfg.mine.rft_hindsight)}")
+    for line in warnings:
+        print(line, file=sys.stderr)
     if args.hub:
         url = push(out, args.hub, args.private, args.revision)
         print(f"pushed to {args.hub}: {url}")
@@ -316,7 +372,7 @@ def cmd_tree(args: argparse.Namespace) -> int:
     if args.out and args.out.is_dir():
         raise UsageError(f"--out {args.out} is a directory; give a file, e.g. "
                          f"{args.out / tree_path(Path(), args.task, args.format).name}")
-    with Store(args.run_dir / "store.duckdb", read_only=True) as store:
+    with Store(run_store(args.run_dir), read_only=True) as store:
         r, tree = _task_tree(store, args.task, args.round)
         nodes = store.load_tree(tree.tree_id)
         instruction = next((t.instruction for t in store.tasks() if t.id == args.task), "")
@@ -357,18 +413,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pipelines.report import build_report, eval_config, outcomes, write_report
     from pipelines.report_table import comparison_table, diagnostics_text
 
-    with Store(args.run_dir / "store.duckdb", read_only=True) as store:
+    with Store(run_store(args.run_dir), read_only=True) as store:
         report, episodes = build_report(store, eval_config(store)), outcomes(store)
+    if not report["policies"]:  # nothing to compare: no page that looks like a result
+        raise UsageError(f"{args.run_dir} has no evaluation episodes yet, so no report: run "
+                         "its eval stage first (offline-agent run CONFIG --run-dir "
+                         f"{args.run_dir})")
     path = write_report(args.run_dir, report, episodes)
     print(comparison_table(report))
     print(diagnostics_text(report["diagnostics"]))
     print(f"report: {path}")
     return 0
 
+
 def cmd_check_env(args: argparse.Namespace) -> int:
     import json
 
-    from offline_agent.envs.testing.check import check_env, format_table
+    from offline_agent.envs.testing.check import check_env, format_table, summary
     from offline_agent.envs.trl import build_env
 
     def make_env():
@@ -384,9 +445,8 @@ def cmd_check_env(args: argparse.Namespace) -> int:
         return 2
     results = check_env(make_env)
     print(format_table(results))
-    failed = [r.name for r in results if r.ok is False]
-    print(f"{args.env}: " + (f"FAILED: {', '.join(failed)}" if failed else "all checks passed"))
-    return 1 if failed else 0
+    print(f"{args.env}: {summary(results)}")
+    return 1 if any(r.ok is False for r in results) else 0
 
 
 if __name__ == "__main__":

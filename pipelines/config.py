@@ -23,7 +23,7 @@ import yaml
 
 from offline_agent.config_fields import HASHED, HELP, config_field, is_hashed
 from offline_agent.envs.base import BUILTIN_ENVS, Env
-from offline_agent.envs.trl import ShapeError, build_env
+from offline_agent.envs.trl import build_env
 from offline_agent.evaluation import EvalConfig
 from offline_agent.mining.config import MineConfig
 from offline_agent.policy.models import DEFAULT_MODEL
@@ -225,11 +225,13 @@ def unhashed_keys() -> set[str]:
 
 
 def make_env(cfg: RunConfig) -> Env:
-    """A fresh env of the run: what every stage and command that steps or reads tasks uses."""
+    """A fresh env of the run: what every stage and command that steps or reads tasks uses.
+    An env.name that names no env class, or env.kwargs its constructor refuses, is a
+    ConfigError (one line), as a bad config key is."""
     try:
         return build_env(cfg.env.name, cfg.env.dataset, cfg.env.reward_fn, seed=cfg.run.seed,
                          **cfg.env.kwargs)
-    except ShapeError as e:
+    except ValueError as e:  # ShapeError is one
         raise ConfigError(str(e)) from None
 
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from offline_agent.mining.advice import NO_ROWS, NO_STEP_PAIRS
 from storage import Store
 
 ROWS_PER_SHARD = 10_000
@@ -98,13 +99,20 @@ def config_rows(store: Store, tools: str, include_hindsight_in_rft: bool,
     return rows
 
 
-def write_dataset(out: Path, rows: dict[str, list], card: str) -> dict[str, int]:
-    """Write the folder next to `out`, then move it into place; returns rows per config."""
+def config_tables(rows: dict[str, list]) -> dict[str, pa.Table]:
+    """The configs with rows as Arrow tables. A config without rows gets none, so no files:
+    `datasets` cannot load an empty split (a parquet of 0 rows raises ArrowInvalid, one of
+    no row groups "corresponds to no data")."""
+    return {c: pa.Table.from_pylist(data, schema=SCHEMAS[c]) for c, data in rows.items() if data}
+
+
+def write_dataset(out: Path, tables: dict[str, pa.Table], card: str) -> None:
+    """Write the folder next to `out`, then move it into place."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    for config, data in rows.items():
-        table = pa.Table.from_pylist(data, schema=SCHEMAS[config])
-        n = max(1, -(-len(data) // ROWS_PER_SHARD))
+    tmp.mkdir(parents=True)
+    for config, table in tables.items():
+        n = max(1, -(-table.num_rows // ROWS_PER_SHARD))
         folder = tmp / "data" / config
         folder.mkdir(parents=True)
         for i in range(n):
@@ -114,15 +122,34 @@ def write_dataset(out: Path, rows: dict[str, list], card: str) -> dict[str, int]
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
-    return {config: len(data) for config, data in rows.items()}
 
 
-def dataset_card(counts: dict[str, int], config: dict, run_id: str, model: str,
-                 mine: str) -> str:
+def dataset_info(tables: dict[str, pa.Table]) -> list[dict]:
+    """The card's `dataset_info` (features, rows and bytes per config), as push_to_hub writes
+    it. Besides describing the data, it keys `datasets`' cache: a local folder's cache is
+    found by the folder's name and its card alone, so without it a new export into a folder
+    of the same name (every run's RUN_DIR/export) loads the rows cached from the last one."""
+    from datasets import DatasetInfo, Features, SplitDict, SplitInfo
+    from datasets.info import DatasetInfosDict
+
+    infos = DatasetInfosDict({c: DatasetInfo(
+        config_name=c, features=Features.from_arrow_schema(t.schema), dataset_size=t.nbytes,
+        splits=SplitDict({"train": SplitInfo("train", num_bytes=t.nbytes,
+                                             num_examples=t.num_rows)}))
+        for c, t in tables.items()})
+    card: dict = {}
+    infos.to_dataset_card_data(card)
+    return card["dataset_info"] if tables else []
+
+
+def dataset_card(counts: dict[str, int], tables: dict[str, pa.Table], config: dict,
+                 run_id: str, model: str, mine: str) -> str:
     header = {"configs": [{"config_name": c, "data_files": [
-        {"split": "train", "path": f"data/{c}/train-*"}]} for c in CONFIGS],
+        {"split": "train", "path": f"data/{c}/train-*"}]} for c in tables],
+        "dataset_info": dataset_info(tables),
         "tags": ["trl", "dpo", "agent", "tool-use", "mcts", "offline-agent"]}
-    table = "\n".join(f"| `{c}` | {counts[c]} |" for c in CONFIGS)
+    table = "\n".join(f"| `{c}` | {counts[c] or '0 (left out: an empty split cannot be loaded)'} |"
+                      for c in CONFIGS)
     return f"""---
 {yaml.safe_dump(header, sort_keys=False)}---
 
@@ -136,8 +163,8 @@ verifier). `pairs` holds step-level preferences between sibling actions whose va
 Q = alpha*Q_mcts + (1-alpha)*critic (a finished episode's step: its reward) differ by at
 least theta; `trajectory_pairs` a
 successful vs a failed episode of one task (outcome DPO); `rft` successful episodes for
-rejection-sampling fine-tuning; `hindsight` failed episodes relabeled with the goal they
-reached, each verified by replaying its actions under the new goal.{_round_note(mine)}
+rejection-sampling fine-tuning{_rft_note(config)}; `hindsight` failed episodes
+relabeled with the goal they reached, each verified by replaying its actions under the new goal.{_round_note(mine)}
 
 | config | rows |
 |---|---|
@@ -158,6 +185,24 @@ arguments as JSON strings and `tools` is the JSON list of the environment's tool
 """
 
 
+def _rft_note(config: dict) -> str:
+    on = config["mine"]["rft_hindsight"]
+    return " (and the hindsight rows, mine.rft_hindsight)" if on else ""
+
+
+def left_out(store: Store, counts: dict[str, int], mine: str = "mine") -> list[str]:
+    """A warning line per config the export left out (no rows), saying why."""
+    row = store.stage(mine)
+    advice = (row.stats or {}).get(NO_STEP_PAIRS) if row else None
+    lines = []
+    for config, kind in zip(CONFIGS, ("step", "trajectory", "rft", "hindsight")):
+        if not counts[config]:
+            why = NO_ROWS[kind] + (f"; {advice}" if kind == "step" and advice else "")
+            lines.append(f"warning: config {config!r} left out of the dataset, as `datasets` "
+                         f"cannot load an empty split: {why}")
+    return lines
+
+
 def _round_note(mine: str) -> str:
     if mine == "mine":
         return ""
@@ -174,8 +219,10 @@ def export(store: Store, out: Path, tools: list[dict], config: dict,
         raise ExportError(f"nothing to export: the run has no finished `{mine}` stage yet")
     rows = config_rows(store, json.dumps(tools), config["mine"]["rft_hindsight"], mine)
     counts = {c: len(r) for c, r in rows.items()}
-    card = dataset_card(counts, config, store.run_id, config["model"]["id"], mine)
-    return write_dataset(out, rows, card)
+    tables = config_tables(rows)
+    write_dataset(out, tables, dataset_card(counts, tables, config, store.run_id,
+                                            config["model"]["id"], mine))
+    return counts
 
 
 def push(folder: Path, repo_id: str, private: bool, revision: str | None, api=None) -> str:

@@ -1,16 +1,20 @@
 """Stage runner: runs an ordered list of stages against one run directory, resumably.
 
-Each stage's row in the store's `stages` table holds its status (running | done | failed),
-the hash of the config sections it depends on, its stats and timings. Re-running skips
-done stages; a stage left running or failed by a crash runs again and resumes from what
-it stored. Stored results made under a different config are never mixed with new ones:
-the runner refuses, or with `force` clears them first.
+Each stage's row in the store's `stages` table holds its status (running | done | failed |
+interrupted), the hash of the config sections it depends on, its stats and timings.
+Re-running skips done stages; a stage left running, failed or interrupted runs again and
+resumes from what it stored. Stored results made under a different config are never mixed
+with new ones: the runner refuses, or with `force` clears them first.
 
 A stage lists every section its results depend on, upstream ones included (search lists
 env and model too), and its `view` drops the keys of those sections it does not read (search
 does not read env.test_tasks), so a change invalidates exactly the stages it affects. A stage that lists
 none (the report) only reads what earlier stages stored: it runs again whenever an earlier
-stage ran in this invocation (e.g. a round added by raising run.iterations).
+stage ran in this invocation (e.g. a round added by raising run.iterations), and `force`
+clears it (its files too, Stage.outputs) with any earlier stage it clears.
+
+The env is built before the run directory is made, so a wrong env.name or env.kwargs ends
+as one line with nothing written, and the rerun with the right one just runs.
 
 With run.report_to, one tracker run (pipelines/tracking.py) is open for the whole invocation:
 stages log their per-step metrics through StageContext.log_metrics, the runner each stage's
@@ -27,14 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from offline_agent.optional_deps import missing
-from pipelines.config import RunConfig, diff, digest
+from pipelines.config import RunConfig, diff, digest, make_env
+from pipelines.errors import RunError
+from pipelines.headlines import headline
 from pipelines.progress import Progress
 from pipelines.tracking import Tracker, TrackerError, open_tracker
 from storage import MetricRow, Store
-
-
-class RunError(Exception):
-    """A request the runner refuses (changed config, unknown stage, missing inputs)."""
 
 
 def unsharded(cfg: RunConfig) -> str:
@@ -54,6 +56,9 @@ class Stage:
     round: int = 1  # the run.iterations round it belongs to (its name says it too: search@2)
     # the part of its sections' config its results depend on, where less than all of it
     view: Callable[[dict], dict] = whole
+    # what it writes in the run directory besides the store and checkpoints/<name>/ (e.g.
+    # "report"): removed with its results when --force clears them
+    outputs: tuple[str, ...] = ()
 
     def hashed(self, cfg: RunConfig) -> dict:
         return self.view(cfg.hashed(self.sections))
@@ -118,6 +123,9 @@ def run(
     run_dir = Path(run_dir)
     todo = plan(stages, until, only)
     _check_extras(cfg, todo)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunError(f"{run_dir} is a file, not a run directory")
+    make_env(cfg)  # a wrong env.name or env.kwargs: one line, before anything is written
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # its store holds hidden tests
     with Store(run_dir / "store.duckdb") as store:  # refuses a file that is not a store
         _check_config(cfg, stages, store, run_dir, force)
@@ -176,10 +184,11 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
     row = store.stage(stage.name, shard)
     if row and row.status == "done" and not redo:
         print(f"stage {label}: already done (finished {row.finished_at:%Y-%m-%d %H:%M:%S}), "
-              f"skipping; stats: {row.stats}", flush=True)
+              f"skipping: {headline(stage.name, row.stats)}", flush=True)
         return {"status": "skipped", "stats": row.stats}
     verb = ("running again: stages before it ran" if redo and row
-            else f"resuming after a {row.status} attempt" if row else "running")
+            else f"resuming after {'an' if row.status[0] in 'aeiou' else 'a'} {row.status} "
+            "attempt" if row else "running")
     print(f"stage {label}: {verb}", flush=True)
     store.start_stage(stage.name, shard, stage.hash(cfg), stage.hashed(cfg))
     progress.start(stage.name, shard)
@@ -187,9 +196,14 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
     start = time.perf_counter()
     try:
         stats = stage.fn(ctx)
+    except KeyboardInterrupt:
+        store.fail_stage(stage.name, shard, "KeyboardInterrupt: the same command resumes",
+                         status="interrupted")
+        progress.status("interrupted")
+        raise
     except BaseException as e:
         store.fail_stage(stage.name, shard, f"{type(e).__name__}: {e}")
-        progress.status("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
+        progress.status("failed")
         raise
     seconds = time.perf_counter() - start
     if store.stage(stage.name, shard).status != "done":
@@ -198,7 +212,7 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
                            "in the transaction of its last outputs")
     progress.status("done")
     tracker.log_stats(stage.name, stage.round, stats)
-    print(f"stage {label}: done in {seconds:.1f}s; stats: {stats}", flush=True)
+    print(f"stage {label}: done in {seconds:.1f}s: {headline(stage.name, stats)}", flush=True)
     return {"status": "done", "stats": stats, "seconds": seconds}
 
 
@@ -262,12 +276,32 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
         lines.append("Rerun with --force to discard those results and recompute them, "
                      "or use another --run-dir.")
         raise RunError("\n".join(lines))
-    for stage, _ in stale:
-        deleted = store.clear_stage(stage.name)
-        shutil.rmtree(run_dir / "checkpoints" / stage.name, ignore_errors=True)
-        gone = ", ".join(f"{n} {t}" for t, n in deleted.items() if n)
-        print(f"stage {stage.name}: config changed, --force: cleared ({gone or 'nothing'})",
-              flush=True)
+    cleared = [stage for stage, _ in stale]
+    for stage in cleared:
+        _clear(stage, store, run_dir, "config changed, --force")
+    names = ", ".join(s.name for s in cleared)
+    for stage in downstream(stages, cleared):
+        if store.stages(stage.name) or any((run_dir / p).exists() for p in stage.outputs):
+            _clear(stage, store, run_dir, f"reads what --force cleared ({names})")
+
+
+def downstream(stages: Sequence[Stage], cleared: Sequence[Stage]) -> list[Stage]:
+    """The stages --force must clear with `cleared` although their config did not change: a
+    stage that lists sections is stale exactly when its view of them changed (it lists its
+    upstream ones too), but one that lists none (the report) reads whatever earlier stages
+    stored, so it is stale once any of them is cleared."""
+    names = [s.name for s in stages]
+    first = min(names.index(c.name) for c in cleared)
+    return [s for s in stages[first + 1:] if not s.sections]
+
+
+def _clear(stage: Stage, store: Store, run_dir: Path, why: str) -> None:
+    """Delete a stage's rows, stage record, checkpoints and outputs, so it is not done."""
+    deleted = store.clear_stage(stage.name)
+    for path in (Path("checkpoints") / stage.name, *stage.outputs):
+        shutil.rmtree(run_dir / path, ignore_errors=True)
+    gone = ", ".join(f"{n} {t}" for t, n in deleted.items() if n)
+    print(f"stage {stage.name}: {why}: cleared ({gone or 'nothing'})", flush=True)
 
 
 def _check_inputs(stages: Sequence[Stage], only: str, store: Store) -> None:

@@ -25,7 +25,7 @@ from storage.rows import (
     TreeRow,
 )
 from storage.schema import SCHEMA_VERSION
-from storage.step_pairs import select_step_pairs, step_pair_inputs
+from storage.step_pairs import select_step_pairs, sibling_gaps, step_pair_inputs
 from storage.store import Store, StoreError, StoreInUse
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "merge_shards",
     "rollout_traj_id",
     "select_step_pairs",
+    "sibling_gaps",
     "split_node_id",
     "step_pair_inputs",
 ]

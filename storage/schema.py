@@ -193,7 +193,7 @@ BASELINE = {
     "stages": """CREATE TABLE stages (
         stage VARCHAR NOT NULL,
         shard VARCHAR NOT NULL,              -- '' for unsharded stages, else 'i/n'
-        status VARCHAR NOT NULL,             -- running | done | failed
+        status VARCHAR NOT NULL,             -- running | done | failed | interrupted
         config_hash VARCHAR NOT NULL,
         config JSON NOT NULL,                -- the sections the hash covers, for diffs
         stats JSON,

@@ -11,6 +11,7 @@ SQL and Python return identical pairs.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import contextmanager
 
 import pyarrow as pa
 
@@ -28,10 +29,10 @@ def _capped(name: str, source: str, group: str, cap: str) -> str:
             f"OVER (PARTITION BY {group} ORDER BY rank, bin, key) <= {cap})")
 
 
-def _query(edges: tuple[float, ...], stage_clause: str) -> str:
-    bin_sql = " + ".join(f"(margin >= {float(e)!r})::INTEGER" for e in edges) or "0"
-    return f"""CREATE OR REPLACE TEMP TABLE _step_pairs AS
-        WITH searched AS (SELECT tree_id FROM trees {stage_clause}),
+def _valued(stage_clause: str) -> str:
+    """The CTEs `kids` (every child of a searched tree) and `valued` (the children that count,
+    with their value Q): what both the pair pass and `sibling_gaps` read."""
+    return f"""searched AS (SELECT tree_id FROM trees {stage_clause}),
         kids AS (
             SELECT n.node_id, n.parent_id, n.invalid, n.terminal, n.reward, tk.task_id, tk.env,
                 n.terminal OR n.visits >= $min_visits AS counted,
@@ -45,7 +46,13 @@ def _query(edges: tuple[float, ...], stage_clause: str) -> str:
         valued AS (  -- offline_agent.mining.value.child_value
             SELECT *, CASE WHEN terminal THEN coalesce(reward, 0.0)
                            ELSE $alpha * q_mcts + (1 - $alpha) * q_critic END AS q
-            FROM kids WHERE counted AND ($invalid OR NOT invalid)),
+            FROM kids WHERE counted AND ($invalid OR NOT invalid))"""
+
+
+def _query(edges: tuple[float, ...], stage_clause: str) -> str:
+    bin_sql = " + ".join(f"(margin >= {float(e)!r})::INTEGER" for e in edges) or "0"
+    return f"""CREATE OR REPLACE TEMP TABLE _step_pairs AS
+        WITH {_valued(stage_clause)},
         cand AS (
             SELECT c.task_id, c.env, c.parent_id AS node_id, c.node_id AS chosen_id,
                 r.node_id AS rejected_id, c.q AS chosen_q, r.q AS rejected_q,
@@ -76,13 +83,8 @@ def select_step_pairs(store: Store, params: StepPairParams, stage: str | None = 
     stored critic scores in Q_critic where it has a node. Returns the kept pairs (task, node,
     chosen, rejected order) and counts: candidates, after_node_cap, after_task_cap, kept."""
     stage_clause, stage_params = _where(stage=stage)
-    values = pa.table({"node_id": pa.array(list(critic or {}), pa.int64()),
-                       "value": pa.array(list((critic or {}).values()), pa.float64())})
-    store.con.register("_critic_values", values)
-    try:
+    with _critic_values(store, critic):
         _run_query(store, params, stage_clause, stage_params)
-    finally:
-        store.con.unregister("_critic_values")
     rows = store._sql("SELECT task_id, env, node_id, chosen_id, rejected_id, chosen_q, "
                       "rejected_q, margin, bin FROM _step_pairs WHERE kept "
                       "ORDER BY task_id, node_id, chosen_id, rejected_id")
@@ -92,6 +94,37 @@ def select_step_pairs(store: Store, params: StepPairParams, stage: str | None = 
     stats = dict(zip(("candidates", "after_node_cap", "after_task_cap", "kept"),
                      [c or 0 for c in counts]))
     return [StepPair(*r) for r in rows], stats
+
+
+def sibling_gaps(store: Store, params: StepPairParams, stage: str | None = None,
+                 critic: Mapping[int, float] | None = None) -> dict:
+    """Why the pass found what it found, by the same values: `expanded`, the nodes with a
+    child; `compared`, those with two children that count (terminal, or `min_visits`
+    visits); `best_gap`, the largest Q of a valid child minus the least Q of a sibling over
+    those (None without one), which theta is compared with."""
+    stage_clause, stage_params = _where(stage=stage)
+    with _critic_values(store, critic):
+        (row,) = store._sql(
+            f"""WITH {_valued(stage_clause)},
+            gaps AS (SELECT max(q) FILTER (NOT invalid) - min(q) AS gap FROM valued
+                     GROUP BY parent_id HAVING count(*) >= 2)
+            SELECT (SELECT count(DISTINCT parent_id) FROM kids),
+                   (SELECT count(*) FROM gaps), (SELECT max(gap) FROM gaps)""",
+            {**stage_params, "alpha": params.alpha, "min_visits": params.min_visits,
+             "invalid": params.invalid_rejected})
+    return dict(zip(("expanded", "compared", "best_gap"), row))
+
+
+@contextmanager
+def _critic_values(store: Store, critic: Mapping[int, float] | None):
+    """The learned critic's values as the table `_critic_values` while the block runs."""
+    values = pa.table({"node_id": pa.array(list(critic or {}), pa.int64()),
+                       "value": pa.array(list((critic or {}).values()), pa.float64())})
+    store.con.register("_critic_values", values)
+    try:
+        yield
+    finally:
+        store.con.unregister("_critic_values")
 
 
 def _run_query(store: Store, params: StepPairParams, stage_clause: str,

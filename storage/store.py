@@ -343,8 +343,9 @@ class Store:
         """Mark a stage done; call it inside the transaction that commits its last outputs."""
         self._end_stage(stage, shard, "done", stats)
 
-    def fail_stage(self, stage: str, shard: str, error: str) -> None:
-        self._end_stage(stage, shard, "failed", {"error": error})
+    def fail_stage(self, stage: str, shard: str, error: str, status: str = "failed") -> None:
+        """End a stage that raised: status failed, or interrupted (Ctrl-C)."""
+        self._end_stage(stage, shard, status, {"error": error})
 
     def _end_stage(self, stage: str, shard: str, status: str, stats: dict) -> None:
         clause, params = _where(stage=stage, shard=shard)

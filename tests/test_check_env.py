@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from offline_agent.envs.base import load_env
+from offline_agent.envs.base import StepResult, load_env
 from offline_agent.envs.testing.check import check_env
 from offline_agent.types import Task
 from pipelines.cli import main
@@ -37,17 +37,25 @@ def lamps(tmp_path_factory):
 
 
 def _table(capsys) -> dict[str, str]:
-    out = capsys.readouterr().out
+    return _table_of(capsys.readouterr().out)
+
+
+def _table_of(out: str) -> dict[str, str]:
     return {name: mark for name, mark in re.findall(r"^(\S.*?)\s{2,}(pass|FAIL|skip)\b", out, re.M)}
 
 
 @pytest.mark.parametrize("name", ["math", "minishop"])
 def test_builtin_envs_pass(name, capsys):
     assert main(["check-env", name]) == 0
-    table = _table(capsys)
+    out = capsys.readouterr().out
+    table = _table_of(out)
     assert len(table) == 8 and "FAIL" not in table.values()
     assert table["demonstration"] == "pass"
     assert table["hindsight"] == ("pass" if name == "minishop" else "skip")
+    # a skipped check is counted as skipped, not passed
+    verdict = {"math": "math: 7 passed, 1 skipped: hindsight",
+               "minishop": "minishop: all checks passed"}
+    assert out.splitlines()[-1] == verdict[name]
 
 
 def test_python_env_passes_with_the_real_sandbox():
@@ -100,6 +108,33 @@ def _broken(lamps):
             super().restore(blob)
             self.state = {"on": [], "finished": False}  # drops what the snapshot held
 
+    class CountedOutside(Lamps):
+        """Counts toggles outside self.state, read only by a tool no probe action calls: a
+        restored env starts its count again (search would branch from wrong observations)."""
+
+        tools = [*Lamps.tools, {"type": "function", "function": {
+            "name": "count", "description": "How many toggles so far.",
+            "parameters": {"type": "object", "properties": {}, "required": []}}}]
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.toggles = 0
+
+        def _reset(self, task):
+            self.toggles = 0
+            return super()._reset(task)
+
+        def _execute(self, call):
+            if call.name == "count":
+                return StepResult(f"{self.toggles} toggles so far")
+            result = super()._execute(call)
+            self.toggles += call.name == "toggle"
+            return result
+
+        def available_actions(self):
+            offered = super().available_actions()
+            return offered + ["count"] if offered else []
+
     class HugeObservation(Lamps):
         def _execute(self, call):
             result = super()._execute(call)
@@ -122,6 +157,11 @@ def _broken(lamps):
         def demo_episode(self):
             task, actions = super().demo_episode()
             return task, actions[:-1] + ["toggle[red]", "done"]
+
+    class InvalidDemoStep(Lamps):
+        def demo_episode(self):  # still reaches reward 1: the invalid step changes nothing
+            task, actions = super().demo_episode()
+            return task, ["toggle[purple]", *actions]
 
     class StopEatsBracket(Lamps):
         stop = ["]\n"]  # the policy drops the stop string: "toggle[red" is what arrives
@@ -150,10 +190,10 @@ def _broken(lamps):
         "constrained sampling": [BracketInEnum],
         "tasks": [UnseededTasks, SharedSplits],
         "tool schemas": [UntypedTool],
-        "snapshot/restore": [ForgetfulRestore],
+        "snapshot/restore": [ForgetfulRestore, CountedOutside],
         "fuzzed text": [HugeObservation, RaisingAct],
         "hindsight": [WrongHindsight],
-        "demonstration": [FailingDemo, StopEatsBracket, HandWrittenDemo],
+        "demonstration": [FailingDemo, StopEatsBracket, HandWrittenDemo, InvalidDemoStep],
     }
 
 

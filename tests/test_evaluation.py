@@ -240,7 +240,7 @@ def test_eval_stage_plays_base_and_adapter_and_resumes(trained_run, monkeypatch,
         run(cfg, run_dir, STAGES, until="eval")
     with Store(run_dir / "store.duckdb") as store:
         first = store.eval_episodes()
-        assert store.stage("eval").status == "failed"
+        assert store.stage("eval").status == "interrupted"  # a Ctrl-C, not a failure
     assert [(r.policy, r.task_id) for r in first][:3] == [
         ("base", t) for t in ("minishop-test-00000", "minishop-test-00001",
                               "minishop-test-00002")]
@@ -343,7 +343,8 @@ def test_search_at_inference_is_chosen_after_eval_without_replaying_greedy(train
     """eval.mcts's keys shape only the mcts stage: turned on (and changed) after a finished
     eval, nothing greedy is refused, cleared or played again; `best` is the policy best on
     the validation tasks, and an unknown name is an error naming what was evaluated."""
-    from pipelines.runner import RunError, run
+    from pipelines.errors import RunError
+    from pipelines.runner import run
     from pipelines.stages import STAGES
 
     cfg, run_dir = trained_run
@@ -377,8 +378,8 @@ def test_search_at_inference_takes_the_learned_critic_only_where_one_was_fitted(
 
     from offline_agent.envs.base import load_env
     from offline_agent.search.frozen_critic import FrozenCritic
+    from pipelines.errors import RunError
     from pipelines.play import inference_critic
-    from pipelines.runner import RunError
 
     env = load_env("minishop", seed=0, max_steps=3)
     with Store(tmp_path / "store.duckdb") as store:

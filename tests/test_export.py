@@ -89,3 +89,71 @@ def test_export_before_mining_is_a_clear_error(tmp_path, capsys):
     run(fake_cfg(), tmp_path / "r", STAGES, until="tasks")
     assert main(["export", str(tmp_path / "r"), "--out", str(tmp_path / "o")]) == 2
     assert "no finished `mine` stage" in capsys.readouterr().err
+
+
+def test_a_config_without_rows_is_left_out_so_every_listed_config_loads(tmp_path):
+    """`datasets` cannot load an empty split (a 0-row parquet raises ArrowInvalid, one with no
+    row groups "corresponds to no data"): the card lists only configs with rows, each of which
+    loads, and asking for the empty one names the configs there are."""
+    from datasets import load_dataset
+
+    from pipelines.export import CONFIGS, config_tables, dataset_card, write_dataset
+    from tests.fakes import fake_cfg
+
+    messages = [{"role": "user", "content": "go", "tool_calls": None}]
+    rows = {c: [] for c in CONFIGS}
+    rows["rft"] = [{"messages": messages, "tools": "[]", "run_id": "r", "task_id": "t",
+                    "env": "fake", "kind": "rft", "instruction": "go", "source_traj": 1,
+                    "reward": 1.0}]
+    counts = {c: len(r) for c, r in rows.items()}
+    tables = config_tables(rows)
+    card = dataset_card(counts, tables, fake_cfg().to_dict(), "r", "m", "mine")
+    write_dataset(tmp_path / "ds", tables, card)
+    assert sorted(p.name for p in (tmp_path / "ds" / "data").iterdir()) == ["rft"]
+    assert "| `pairs` | 0 (left out: an empty split cannot be loaded) |" in card
+    cache = str(tmp_path / "hf")
+    assert len(load_dataset(str(tmp_path / "ds"), "rft", split="train", cache_dir=cache)) == 1
+    with pytest.raises(ValueError, match="rft"):  # datasets names the configs it has
+        load_dataset(str(tmp_path / "ds"), "pairs", split="train", cache_dir=cache)
+
+
+def test_the_rft_count_says_it_holds_the_hindsight_rows(mined_run):
+    """mine's rft_examples counts solved episodes; export's rft config adds the hindsight
+    relabels (mine.rft_hindsight): the printed line says so, so the two numbers agree."""
+    from pipelines.headlines import export_rows, headline
+
+    stats = mined_run[2]["mine"]["stats"]
+    counts = {c: mined_run[2]["export"]["stats"][c]
+              for c in ("pairs", "trajectory_pairs", "rft", "hindsight")}
+    assert counts["rft"] == stats["rft_examples"] + stats["hindsight_examples"]
+    said = (f"rft {counts['rft']} ({stats['rft_examples']} solved + "
+            f"{stats['hindsight_examples']} hindsight)")
+    assert said in export_rows(counts, rft_hindsight=True)
+    assert said in headline("export", mined_run[2]["export"]["stats"])  # what status shows
+    assert "solved" not in export_rows(counts, rft_hindsight=False)
+
+
+def test_a_new_export_into_a_folder_of_the_same_name_loads_its_own_rows(tmp_path):
+    """`datasets` finds a local folder's cache by the folder's name and card: two runs'
+    RUN_DIR/export with the same configs would load the first one's rows for both (even
+    download_mode=force_redownload then fails on the cached sizes). The card's dataset_info
+    (rows and bytes per config) tells them apart."""
+    from datasets import load_dataset
+
+    from pipelines.export import config_tables, dataset_card, write_dataset
+    from tests.fakes import fake_cfg
+
+    cache = str(tmp_path / "hf")
+    for i, n in enumerate((3, 2)):  # two runs, each exported to .../export
+        rows = {c: [] for c in ("pairs", "trajectory_pairs", "rft", "hindsight")}
+        rows["rft"] = [{"messages": [{"role": "user", "content": f"go {j}", "tool_calls": None}],
+                        "tools": "[]", "run_id": f"r{i}", "task_id": f"t{j}", "env": "fake",
+                        "kind": "rft", "instruction": "go", "source_traj": j, "reward": 1.0}
+                       for j in range(n)]
+        tables = config_tables(rows)
+        counts = {c: len(r) for c, r in rows.items()}
+        out = tmp_path / f"r{i}" / "export"
+        write_dataset(out, tables, dataset_card(counts, tables, fake_cfg().to_dict(), f"r{i}",
+                                                "m", "mine"))
+        data = load_dataset(str(out), "rft", split="train", cache_dir=cache)
+        assert len(data) == n and data[0]["run_id"] == f"r{i}"

@@ -11,7 +11,8 @@ import pytest
 from offline_agent.optional_deps import EXTRAS, MissingExtra, missing, require
 from pipelines.cli import main
 from pipelines.config import RunConfig
-from pipelines.runner import RunError, run
+from pipelines.errors import RunError
+from pipelines.runner import run
 from pipelines.stages import pipeline
 
 

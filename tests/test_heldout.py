@@ -4,6 +4,7 @@ trained policy scored by the train stage (resumably), and its line in `offline-a
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -145,8 +146,11 @@ def test_trained_on_all_pairs_records_n_0_and_a_crash_before_scoring_scores_once
         **pair_accuracies(torch.zeros(0, 2), torch.zeros(0, 2))}
     assert stats["dpo_step"]["held_out"]["n"] == 1
     capsys.readouterr()  # the runner's own lines
-    assert main(["status", str(tmp_path / "r")]) == 0
+    assert main(["status", str(tmp_path / "r"), "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "held-out pairs dpo_outcome: none held out (dpo_outcome's sample took all 1)" in out
     assert "held-out pairs dpo_step: " in out and "of 1 (base " in out
     assert "pair_accuracy_ci95" not in out  # the figures once, as a line, not the dict
+    assert main(["status", str(tmp_path / "r")]) == 0  # the headline: dpo_step's accuracy
+    assert re.search(r"dpo_step \d+ steps? on \d+ rows, loss [\d.]+, held-out acc [\d.]+% of 1",
+                     capsys.readouterr().out)

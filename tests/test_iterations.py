@@ -226,7 +226,7 @@ def test_train_iterate_must_be_a_trained_policy():
 
 def test_a_round_without_the_iterate_policy_stops_with_its_name(tmp_path):
     from pipelines.artifacts import round_model
-    from pipelines.runner import RunError
+    from pipelines.errors import RunError
 
     cfg = RunConfig.from_dict({"train": {"policies": ["rft", "dpo_step"]}})
     with Store(tmp_path / "store.duckdb") as store:

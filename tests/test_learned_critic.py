@@ -377,7 +377,7 @@ def test_the_critic_stage_fits_records_feeds_mining_and_resumes(tmp_path, tiny_m
     from pipelines.report_table import concordance_text
 
     capsys.readouterr()
-    assert main(["status", str(tmp_path / "r")]) == 0
+    assert main(["status", str(tmp_path / "r"), "--verbose"]) == 0
     out = capsys.readouterr().out
     assert concordance_text(stats[CONCORDANCE]) in out
     assert f"frozen {concordance_text(stats[FROZEN])} (same held-out trees)" in out

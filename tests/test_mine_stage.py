@@ -167,7 +167,7 @@ def test_mine_stage_pairs_examples_and_stats(mined_run):
 
 
 def test_rerun_is_a_noop_and_changed_mine_config_needs_force(mined_run, capsys):
-    from pipelines.runner import RunError
+    from pipelines.errors import RunError
 
     run_dir, cfg, _ = mined_run
     stages = [STAGE["tasks"], Stage("search", ("run", "env", "model", "search"),
@@ -180,7 +180,9 @@ def test_rerun_is_a_noop_and_changed_mine_config_needs_force(mined_run, capsys):
         run(changed, run_dir, stages)
 
 
-def test_export_loads_with_datasets(mined_run):
+def test_export_loads_with_datasets(mined_run, tmp_path):
+    """(Each load caches in tmp_path: `datasets` keys a local folder's cache by its name and
+    card, not its files, so another folder named `export` would answer from the cache.)"""
     from datasets import load_dataset
 
     run_dir, _, results = mined_run
@@ -190,7 +192,7 @@ def test_export_loads_with_datasets(mined_run):
     assert counts == {"pairs": 4 * TASKS, "trajectory_pairs": 2 * TASKS, "rft": 2 * TASKS,
                       "hindsight": TASKS}
     for config, n in counts.items():
-        ds = load_dataset(str(folder), config, split="train")
+        ds = load_dataset(str(folder), config, split="train", cache_dir=str(tmp_path))
         assert len(ds) == n
         if "pairs" in config:
             assert {"prompt", "chosen", "rejected", "tools", "run_id", "margin"} <= set(
@@ -220,10 +222,12 @@ common = dict(max_steps=1, per_device_train_batch_size=1, report_to=[], save_str
               use_cpu=True, logging_steps=1)
 dpo = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(model),
                  args=DPOConfig(output_dir=out + "/dpo", **common),
-                 train_dataset=load_dataset(export, "pairs", split="train"), processing_class=tok)
+                 train_dataset=load_dataset(export, "pairs", split="train", cache_dir=out),
+                 processing_class=tok)
 sft = SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model),
                  args=SFTConfig(output_dir=out + "/sft", **common),
-                 train_dataset=load_dataset(export, "rft", split="train"), processing_class=tok)
+                 train_dataset=load_dataset(export, "rft", split="train", cache_dir=out),
+                 processing_class=tok)
 print("steps", dpo.train().global_step, sft.train().global_step)
 """
 
@@ -242,3 +246,36 @@ def test_trl_trains_on_the_export_unchanged(mined_run, tiny_model_dir, tmp_path)
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "steps 1 1" in proc.stdout
+
+
+@pytest.mark.parametrize("mine, says", [
+    ({"min_visits": 1000}, "has two children that count, a child counts when it ends the "
+                           "episode or has mine.min_visits=1000 visits: raise search.simulations"),
+    ({"theta": 0.9}, "the largest value gap between two sibling actions is 0.75, below "
+                     "mine.theta=0.9"),
+    ({"theta": 5}, "mine.theta=5.0 is above 1"),
+])
+def test_no_step_pairs_says_why_and_what_to_change(mined_run, tmp_path, capsys, mine, says):
+    """A round that mines no step pairs names the condition no node met, with the setting to
+    change, in its stats (what `status` shows) and on stdout."""
+    import shutil
+
+    run_dir = shutil.copytree(mined_run[0], tmp_path / "r")
+    cfg = mined_run[1]
+    changed = RunConfig.from_dict({**cfg.to_dict(), "mine": {**cfg.to_dict()["mine"], **mine}})
+    stages = [STAGE["tasks"], Stage("search", ("run", "env", "model", "search"),
+                                    scripted_search), STAGE["mine"]]
+    stats = run(changed, run_dir, stages, force=True)["mine"]["stats"]
+    assert stats["step_pairs"] == 0 and says in stats["no_step_pairs"]
+    assert f"mine: no step pairs: {stats['no_step_pairs']}" in capsys.readouterr().out
+
+
+def test_no_step_pairs_why_covers_each_missing_condition():
+    from offline_agent.mining.advice import no_step_pairs_why
+    from offline_agent.mining.config import MineConfig
+
+    cfg = MineConfig()
+    assert "expanded no node" in no_step_pairs_why(
+        {"expanded": 0, "compared": 0, "best_gap": None}, cfg)
+    assert "every child is an invalid action" in no_step_pairs_why(
+        {"expanded": 3, "compared": 2, "best_gap": None}, cfg)

@@ -47,7 +47,7 @@ def test_a_store_from_572c828_opens_resumes_and_remines_identically(tmp_path, ca
     out = capsys.readouterr().out
     # but stage critic, added after that store (issue 23): a no-op under search.critic logprob
     assert out.count("already done") == 4 and out.count(": running") == 1, out
-    assert "stage critic: running" in out and "'search.critic is not learned'" in out, out
+    assert "stage critic: running" in out and "skipped: search.critic is not learned" in out, out
     with Store(run_dir / "store.duckdb") as s:
         assert s.schema_version == SCHEMA_VERSION
         before = stored(s)

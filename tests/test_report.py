@@ -328,7 +328,17 @@ def test_report_writes_every_episode_outcome_beside_report_json(run_dir):
 
 def test_report_verb_without_a_run(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nothing")]) == 2
-    assert "no store at" in capsys.readouterr().err
+    assert f"run directory {tmp_path / 'nothing'} does not exist" in capsys.readouterr().err
+
+
+def test_report_verb_before_eval_says_so_and_writes_nothing(tmp_path, capsys):
+    """A report with no evaluated policy compares nothing: exit 2 and a line saying so, not
+    exit 0 and an empty page a script would publish as a result."""
+    (tmp_path / "r").mkdir()
+    Store(tmp_path / "r" / "store.duckdb").close()
+    assert main(["report", str(tmp_path / "r")]) == 2
+    assert "has no evaluation episodes yet" in capsys.readouterr().err
+    assert not (tmp_path / "r" / "report").exists()
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -4,13 +4,15 @@ failure, until/only, and the real `tasks` stage on a tiny fake env."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
 
 from offline_agent.types import Task
 from pipelines.config import RunConfig
-from pipelines.runner import RunError, Stage, run
+from pipelines.errors import RunError
+from pipelines.runner import Stage, run
 from pipelines.stages import STAGES
 from storage import Store
 from tests.fakes import fake_cfg
@@ -179,7 +181,7 @@ def test_outputs_and_done_mark_commit_together(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run(fake_cfg(), tmp_path, [Stage("tasks", (), crashes)])
     with Store(tmp_path / "store.duckdb", read_only=True) as s:
-        assert s.tasks() == [] and s.stage("tasks").status == "failed"
+        assert s.tasks() == [] and s.stage("tasks").status == "interrupted"
     assert json.loads((tmp_path / "progress.json").read_text())["status"] == "interrupted"
 
 
@@ -254,3 +256,52 @@ def test_learned_critic_keeps_round_one_search(tmp_path):
     calls.clear()
     run(fake_cfg("run.iterations=2", "search.critic=none"), tmp_path, stages, force=True)
     assert "search" in calls  # no critic at all does change round 1's search
+
+
+def test_force_clears_the_report_and_its_files_with_what_it_clears(tmp_path, capsys):
+    """The report lists no sections, so no config change reaches it: --force must clear it
+    (and RUN_DIR/report) whenever it clears an earlier stage, or `status` shows it done over
+    adapters that no longer exist."""
+    from pipelines.stages import pipeline
+
+    calls: list[str] = []
+
+    def report(ctx):
+        (ctx.run_dir / "report").mkdir()
+        (ctx.run_dir / "report" / "index.html").write_text("rows of the old adapters")
+        ctx.mark_done({})
+        return {}
+
+    stages = [replace(s, fn=report) if s.name == "report" else s
+              for s in recording(pipeline(1), calls)]
+    run(fake_cfg(), tmp_path, stages)
+    run(fake_cfg("train.lr=0.001"), tmp_path, stages, until="eval", force=True)
+    assert "stage report: reads what --force cleared (train, grpo, eval)" in capsys.readouterr().out
+    with Store(tmp_path / "store.duckdb", read_only=True) as s:
+        assert s.stage("report") is None and s.stage("train").status == "done"
+    assert not (tmp_path / "report").exists()
+    calls.clear()
+    run(fake_cfg("train.lr=0.001"), tmp_path, stages)  # the report alone is left to do
+    assert calls == [] and (tmp_path / "report" / "index.html").exists()
+
+
+def test_a_wrong_env_is_one_error_before_anything_is_written(tmp_path):
+    """A wrong env.name, a missing class or a constructor keyword the env does not take is a
+    ConfigError naming it, with no run directory made; so the fixed name just runs."""
+    from pipelines.config import ConfigError
+
+    cases = [("env.name=nosuch.mod:Env", "No module named 'nosuch'"),
+             ("env.name=tests.fakes:NoSuchEnv", "has no attribute 'NoSuchEnv'"),
+             ("env.name=tests.fakes:fake_cfg", "fake_cfg is not a subclass of"),
+             ("env.kwargs={max_stepz: 3}", "unexpected keyword argument 'max_stepz'")]
+    for override, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            run(fake_cfg(override), tmp_path / "r", TASKS_ONLY)
+        assert not (tmp_path / "r").exists()
+    assert run(fake_cfg(), tmp_path / "r", TASKS_ONLY)["tasks"]["status"] == "done"
+
+
+def test_a_run_dir_that_is_a_file_is_refused_in_words(tmp_path):
+    (tmp_path / "r").write_text("notes")
+    with pytest.raises(RunError, match="is a file, not a run directory"):
+        run(fake_cfg(), tmp_path / "r", TASKS_ONLY)

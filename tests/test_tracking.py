@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.config import RunConfig
-from pipelines.runner import RunError, renamed, run
+from pipelines.errors import RunError
+from pipelines.runner import renamed, run
 from pipelines.stages import STAGES
 from pipelines.tracking import scalars
 from storage import Store

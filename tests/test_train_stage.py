@@ -107,7 +107,31 @@ def test_a_policy_without_data_is_skipped_with_the_reason(tiny_model_dir, tmp_pa
     make_run(tmp_path / "r", n_step=2)
     cfg = RunConfig.from_dict(config(tiny_model_dir, max_steps=1, policies=["dpo_outcome"]))
     stats = run(cfg, tmp_path / "r", TRAIN)["train"]["stats"]
-    assert "no training data" in stats["dpo_outcome"]["skipped"]
+    assert stats["dpo_outcome"]["skipped"] == (
+        "no training data: no trajectory pairs were mined, as no train task has both a solved "
+        "and a failed episode")
+
+
+def test_a_grpo_init_without_data_stops_train_before_it_trains_anything(tiny_model_dir,
+                                                                         tmp_path):
+    """Mining left dpo_step nothing to train on: the train stage names grpo.init at once,
+    not after training the other policies, for grpo to stop on it two stages later."""
+    from pipelines.errors import RunError
+
+    make_run(tmp_path / "r", n_step=0, trajectory=True, rft=True)
+    cfg = RunConfig.from_dict({**config(tiny_model_dir, max_steps=1,
+                                        policies=["rft", "dpo_step"]),
+                               "grpo": {"enabled": True, "init": "dpo_step"}})
+    with pytest.raises(RunError, match="grpo.init=dpo_step, but stage train cannot train "
+                                       "'dpo_step', no training data: no step pairs were mined"):
+        run(cfg, tmp_path / "r", TRAIN)
+    with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
+        assert store.checkpoint("train", "", "rft/final") is None  # nothing trained
+        assert store.stage("train").status == "failed"
+    fixed = RunConfig.from_dict({**cfg.to_dict(), "grpo": {**cfg.to_dict()["grpo"],
+                                                           "init": "rft"}})
+    stats = run(fixed, tmp_path / "r", TRAIN)["train"]["stats"]  # train reads no grpo key
+    assert "step" in stats["rft"] and "no step pairs" in stats["dpo_step"]["skipped"]
 
 
 def test_resume_after_sigkill_continues_at_the_saved_step_with_the_same_next_loss(

@@ -123,7 +123,7 @@ def test_crafted_json_snapshot_is_merged_and_resumed_as_data(tmp_path, tiny_mode
         "test_tasks: 1}\n"
         "search: {simulations: 2, k: 2, max_depth: 2, trees_per_batch: 1}\n")
     assert main(["run", str(config), "--run-dir", str(out), "--until", "search"]) == 0
-    assert "trees_resumed': 1" in capsys.readouterr().out
+    assert "1 tree resumed" in capsys.readouterr().out
     with Store(out / "store.duckdb", read_only=True) as s:
         (tree,) = s.trees()
         assert (tree.status, tree.simulations_done) == ("done", 2)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -328,16 +329,24 @@ BUILTIN_ENVS = {
 
 def load_env(spec: str, **kwargs: Any) -> Env:
     """Build an env from a built-in name or an import path `package.module:Class` of an Env
-    subclass (a TRL-shaped class is built by offline_agent.envs.trl.build_env)."""
+    subclass (a TRL-shaped class is built by offline_agent.envs.trl.build_env). A spec that
+    names no Env class, or arguments its constructor does not take, is a ValueError (a
+    mistake in the config); an exception the constructor raises is the env's own."""
     cls = load_class(spec)
     if not (isinstance(cls, type) and issubclass(cls, Env)):
-        raise ValueError(f"{spec} is not an Env subclass; a TRL environment_factory class is "
-                         "built with its tasks: offline_agent.envs.trl.build_env")
+        raise ValueError(f"cannot load env {spec!r}: it is not a subclass of "
+                         "offline_agent.envs.base.Env (a TRL environment_factory class is "
+                         "built with its tasks: offline_agent.envs.trl.build_env)")
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"env {spec!r} does not take the arguments {kwargs}: {e}") from None
     return cls(**kwargs)
 
 
 def load_class(spec: str) -> Any:
-    """What a built-in name or an import path `package.module:Class` names."""
+    """What a built-in name or an import path `package.module:Class` names; a ValueError
+    that says why where it names nothing importable."""
     path = BUILTIN_ENVS.get(spec, spec)
     if ":" not in path:
         raise ValueError(
@@ -346,5 +355,9 @@ def load_class(spec: str) -> Any:
     module, _, attr = path.partition(":")
     try:
         return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
+    except ImportError as e:
+        where = (" (it must be importable from the current folder or PYTHONPATH)"
+                 if e.name and module.startswith(e.name) else f" (while importing {module})")
+        raise ValueError(f"cannot load env {spec!r}: {e}{where}") from e
+    except AttributeError as e:
         raise ValueError(f"cannot load env {spec!r}: {e}") from e

@@ -78,7 +78,7 @@ STAGES: list[Stage] = [
     Stage("mine", ("run", "env", "model", "search", "critic", "mine"), run_mine,
           view=train_tasks_only),
     Stage("export", ("run", "env", "model", "search", "critic", "mine"), run_export,
-          view=train_tasks_only),
+          view=train_tasks_only, outputs=("export",)),
     Stage("train", ("run", "env", "model", "search", "critic", "mine", "train"), run_train,
           view=no_test_tasks),
     Stage("grpo", ("run", "env", "model", "search", "critic", "mine", "train", "grpo"), run_grpo,
@@ -90,7 +90,7 @@ STAGES: list[Stage] = [
     Stage("mcts", ("run", "env", "model", "search", "critic", "mine", "train", "grpo", "eval"),
           run_mcts),
     # Reads only what earlier stages stored; `offline-agent report RUN_DIR` re-renders it.
-    Stage("report", (), run_report),
+    Stage("report", (), run_report, outputs=("report",)),
 ]
 
 # Round k >= 2 searches with the policy round k-1 trained: its stages depend on every section

@@ -27,8 +27,9 @@ from pathlib import Path
 from offline_agent.search.concordance import concordance
 from pipelines.artifacts import CONCORDANCE, CRITIC, FROZEN, VALUES
 from pipelines.config import make_env
+from pipelines.errors import RunError
 from pipelines.rounds import round_name
-from pipelines.runner import RunError, StageContext
+from pipelines.runner import StageContext
 from storage import NodeRow, Store
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from pipelines.artifacts import keep_candidate
 from pipelines.config import make_env
-from pipelines.runner import RunError, StageContext
+from pipelines.errors import RunError
+from pipelines.runner import StageContext
 from pipelines.selection import select_checkpoint
 
 POLICY = "grpo"

@@ -15,9 +15,10 @@ from __future__ import annotations
 from offline_agent.evaluation import BASE, MCTS_MODE, episode_row
 from offline_agent.types import Trajectory
 from pipelines.artifacts import best_on_validation, eval_policies, round_model
+from pipelines.errors import RunError
 from pipelines.play import play, played_summary
 from pipelines.rounds import round_name
-from pipelines.runner import RunError, StageContext
+from pipelines.runner import StageContext
 
 
 def search_policies(ctx: StageContext) -> dict[str, tuple[int, str | None]]:

@@ -19,13 +19,14 @@ example ids start at (k - 1) * IDS_PER_ROUND.
 
 from __future__ import annotations
 
+from offline_agent.mining.advice import NO_STEP_PAIRS, no_step_pairs_why
 from offline_agent.mining.mine import MineInputs, mine
 from offline_agent.mining.pairs import step_params
 from pipelines.artifacts import learned_values
 from pipelines.config import RunConfig, make_env
 from pipelines.rounds import round_name
 from pipelines.runner import StageContext
-from storage import IDS_PER_ROUND, Store, select_step_pairs
+from storage import IDS_PER_ROUND, Store, select_step_pairs, sibling_gaps
 
 
 def sources(r: int) -> list[tuple[str, str]]:
@@ -56,6 +57,10 @@ def run_mine(ctx: StageContext) -> dict:
                  ctx.progress.update)
     if learned is not None:
         mined.stats["q_critic"] = f"learned ({len(learned)} nodes)"
+    if not mined.stats["step_pairs"]:
+        gaps = sibling_gaps(store, step_params(cfg.mine), round_name("search", ctx.round), learned)
+        mined.stats[NO_STEP_PAIRS] = no_step_pairs_why(gaps, cfg.mine)
+        print(f"{ctx.stage}: no step pairs: {mined.stats[NO_STEP_PAIRS]}", flush=True)
     with store.transaction():
         store.insert_pairs(mined.pairs, ctx.stage)
         store.insert_examples(mined.examples, ctx.stage)

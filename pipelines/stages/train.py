@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from offline_agent.mining.advice import NO_ROWS, NO_STEP_PAIRS
 from offline_agent.policy.models import copy_note, public_id
 from offline_agent.training.card import Provenance
 from pipelines.artifacts import (
@@ -28,6 +29,7 @@ from pipelines.artifacts import (
     write_iterate,
 )
 from pipelines.config import RunConfig
+from pipelines.errors import RunError
 from pipelines.rounds import round_name
 from pipelines.runner import StageContext
 from pipelines.selection import select_checkpoint
@@ -79,14 +81,15 @@ def held_out_pairs(store, policy: str, max_rows: int, seed: int,
 
 def run_train(ctx: StageContext) -> dict:
     cfg, store = ctx.cfg, ctx.store
+    _check_needed(ctx)
     stats = {}
     for policy in cfg.train.policies:
         final = store.checkpoint(ctx.stage, ctx.shard, f"{policy}/final")
         if final is None:
-            rows = policy_rows(store, policy, cfg.train.max_pairs, cfg.train.seed,
-                               cfg.mine.rft_hindsight, round_name("mine", ctx.round))
+            rows = _rows(ctx, policy)
             if not rows:
-                stats[policy] = {"skipped": "no training data (mined pairs / RFT examples)"}
+                stats[policy] = {"skipped": no_data_why(ctx, policy, why=False)}
+                print(f"{ctx.stage}: {policy}: skipped, {no_data_why(ctx, policy)}", flush=True)
                 continue
             ctx.progress.update(policy=policy, steps=_num_steps(len(rows), cfg))
             final = _train_policy(ctx, policy, rows)
@@ -117,6 +120,43 @@ def _next_round_model(ctx: StageContext) -> None:
     so."""
     if ctx.store.checkpoint(ctx.stage, ctx.shard, f"{iterate_policy(ctx.cfg)}/final"):
         write_iterate(ctx.cfg, ctx.store, ctx.run_dir, ctx.round + 1)
+
+
+def _rows(ctx: StageContext, policy: str) -> list[dict]:
+    """The policy's training rows in this round."""
+    cfg = ctx.cfg
+    return policy_rows(ctx.store, policy, cfg.train.max_pairs, cfg.train.seed,
+                       cfg.mine.rft_hindsight, round_name("mine", ctx.round))
+
+
+def no_data_why(ctx: StageContext, policy: str, why: bool = True) -> str:
+    """Why a policy has no training rows; with `why`, the mine stage's own why (and what to
+    change) where it trains on step pairs."""
+    kinds = PAIR_KINDS.get(policy) or (("rft", "hindsight") if ctx.cfg.mine.rft_hindsight
+                                       else ("rft",))
+    text = "no training data: " + "; ".join(NO_ROWS[k] for k in kinds)
+    mine = ctx.store.stage(round_name("mine", ctx.round))
+    advice = (mine.stats or {}).get(NO_STEP_PAIRS) if mine and why and "step" in kinds else None
+    return text + (f"; {advice}" if advice else "")
+
+
+def _check_needed(ctx: StageContext) -> None:
+    """Refuse, before training anything, a run whose later stage needs a policy this round
+    cannot train (no rows): grpo.init, or train.iterate for the next round. Known now, it
+    would otherwise stop the run after training the others."""
+    cfg, store = ctx.cfg, ctx.store
+    needed = {}
+    if ctx.round == 1 and cfg.grpo.enabled and cfg.grpo.init != "base":
+        needed[cfg.grpo.init] = (f"grpo.init={cfg.grpo.init}", "grpo.init to base or another "
+                                 "policy")
+    if ctx.round < cfg.run.iterations:
+        needed.setdefault(iterate_policy(cfg), (f"train.iterate={iterate_policy(cfg)}",
+                                                "train.iterate to another policy"))
+    for policy, (key, fix) in needed.items():
+        done = store.checkpoint(ctx.stage, ctx.shard, f"{policy}/final") is not None
+        if not done and not _rows(ctx, policy):
+            raise RunError(f"{key}, but stage {ctx.stage} cannot train {policy!r}, "
+                           f"{no_data_why(ctx, policy)}. Set {fix}, or mine data for it")
 
 
 def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:

@@ -33,7 +33,7 @@ def check_env(make_env: Callable[[], Env], n_tasks: int = 20, n_fuzz: int = 300,
     checks: list[tuple[str, Callable[[], str]]] = [
         ("tool schemas", lambda: check_tools(make_env().tools)),
         ("tasks", lambda: check_tasks(make_env, n_tasks)),
-        ("snapshot/restore", lambda: check_round_trip(make_env)),
+        ("snapshot/restore", lambda: check_round_trip(make_env, seed)),
         ("fuzzed text", lambda: check_fuzz(make_env(), n_fuzz, seed)),
         ("hindsight", lambda: check_hindsight(make_env, seed)),
         ("demonstration", lambda: check_demonstration(make_env)),
@@ -121,9 +121,12 @@ def _content(task: Task) -> str:
     return json.dumps([task.instruction, task.data], sort_keys=True, default=repr)
 
 
-def check_round_trip(make_env: Callable[[], Env]) -> str:
+def check_round_trip(make_env: Callable[[], Env], seed: int = 0, episodes: int = 10) -> str:
     """After one action, a snapshot restored into a fresh env replays the same observations
-    as the original env for the next actions."""
+    as the original env for the next actions; and at every step of random episodes, a
+    snapshot restored into a fresh env gives the next action the same outcome as the env it
+    was taken from (episode state kept outside `self.state` shows up here)."""
+    steps = _restore_every_step(make_env, seed, episodes)
     env = make_env()
     task = env.tasks("train", 1)[0]
     first = env.reset(task)
@@ -141,7 +144,31 @@ def check_round_trip(make_env: Callable[[], Env]) -> str:
         if w != g:
             raise CheckFailed(f"after restore, {action[:40]!r} gave {g!r:.100} instead of {w!r:.100}")
     size = len(json.dumps(blob))
-    return f"{len(rest)} actions replayed identically after restore (snapshot: {size} bytes of JSON)"
+    return (f"{steps} steps of {episodes} random episodes and {len(rest)} probe actions play "
+            f"alike on a fresh env restored from a snapshot ({size} bytes of JSON)")
+
+
+def _restore_every_step(make_env: Callable[[], Env], seed: int, episodes: int) -> int:
+    """Replay random episodes; before each step, restore a snapshot of the env into a fresh
+    one and play the step on both: the outcomes must match. Returns the steps compared."""
+    rng = random.Random(seed)
+    steps = 0
+    for task in make_env().tasks("train", episodes):
+        env = make_env()
+        actions = _random_episode(make_env(), task, rng) or _probe_actions(env)[:env.max_steps]
+        env.reset(task)
+        for i, text in enumerate(actions):
+            restored = make_env()
+            restored.restore(env.snapshot())
+            want, got = _outcome(env, text), _outcome(restored, text)
+            if want != got:
+                raise CheckFailed(f"{task.id} step {i + 1}: {text[:40]!r} gave {got!r:.100} on "
+                                  f"a fresh env restored from a snapshot, {want!r:.100} on the "
+                                  "env itself: keep all episode state in self.state")
+            steps += 1
+            if want[2]:
+                break
+    return steps
 
 
 def _outcome(env: Env, text: str) -> tuple:
@@ -232,10 +259,17 @@ def check_demonstration(make_env: Callable[[], Env]) -> str:
                               "cannot be replayed: implement demo_episode() instead")
         raise CheckSkipped("no demo_episode()")
     turns = env.demonstration()
-    for text in env.demo_episode()[1]:
+    task, actions = env.demo_episode()
+    env.reset(task)
+    for i, text in enumerate(actions):
+        result = env.act(text)[1]
+        if result.invalid:
+            raise CheckFailed(f"the demonstration's step {i + 1} {text[:40]!r} is an invalid "
+                              f"action ({result.observation[:80]!r}); every prompt shows it, "
+                              "so the policy would learn to write it")
         _check_cut(env, text)
     steps = sum(m.role == "assistant" for m in turns)
-    return f"{steps} actions reach reward 1 and survive the stop strings {env.stop!r}"
+    return f"{steps} valid actions reach reward 1 and survive the stop strings {env.stop!r}"
 
 
 def _check_cut(env: Env, action: str) -> None:
@@ -250,6 +284,18 @@ def _check_cut(env: Env, action: str) -> None:
     if not same:
         raise CheckFailed(f"stop strings {env.stop!r} cut the demonstration's action "
                           f"{action[:40]!r} to {reply[:cut][-40:]!r}")
+
+
+def summary(results: list[CheckResult]) -> str:
+    """The verdict line: what failed, else how many passed; skipped checks counted apart."""
+    failed = [r.name for r in results if r.ok is False]
+    skipped = [r.name for r in results if r.ok is None]
+    passed = sum(r.ok is True for r in results)
+    counts = f"{passed} passed" + (f", {len(skipped)} skipped: {', '.join(skipped)}"
+                                   if skipped else "")
+    if failed:
+        return f"FAILED: {', '.join(failed)}; {counts}"
+    return "all checks passed" if not skipped else counts
 
 
 def format_table(results: list[CheckResult]) -> str:

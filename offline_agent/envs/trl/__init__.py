@@ -11,7 +11,7 @@ import functools
 import json
 from typing import Any
 
-from offline_agent.envs.base import Env, EnvFailure, load_class
+from offline_agent.envs.base import Env, EnvFailure, load_class, load_env
 from offline_agent.envs.trl.env import TRLEnv
 from offline_agent.envs.trl.shape import Shape, ShapeError, probe, reset_problem
 from offline_agent.envs.trl.tasks import DatasetError, read_rows, split_tasks
@@ -31,7 +31,7 @@ def build_env(spec: str, dataset: str | None = None, reward_fn: str | None = Non
         if dataset is not None or reward_fn is not None:
             raise ShapeError(spec, ["env.dataset and env.reward_fn are for TRL environment "
                                     "classes; an Env subclass's tasks come from its tasks()"])
-        return factory(**kwargs)
+        return load_env(spec, **kwargs)
     seed, max_steps = kwargs.pop("seed", 0), kwargs.pop("max_steps", 10)
     shape, tasks = adapted(spec, factory, dataset, reward_fn, seed,
                            json.dumps(kwargs, sort_keys=True, default=repr))
