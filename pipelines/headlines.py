@@ -115,6 +115,13 @@ def _eval(s: dict) -> str:
             + ", ".join(f"{p} {_pct(v['success_rate'])}" for p, v in s.items()))
 
 
+def _mcts(s: dict) -> str:
+    rows = {k: v for k, v in s.items() if isinstance(v, dict)}
+    n = max(v["n_tasks"] for v in rows.values())
+    return (f"search at inference on {n} test tasks ({s['critic']} critic): "
+            + ", ".join(f"{p} {_pct(v['success_rate'])}" for p, v in rows.items()))
+
+
 def _report(s: dict) -> str:
     return f"{s['policies']} policies -> {s['html']}"
 
@@ -125,4 +132,4 @@ def _scalars(s: dict) -> str:
 
 _BY_STAGE = {"tasks": _tasks, "baseline": _baseline, "search": _search, "critic": _critic,
              "mine": _mine, "export": _export, "train": _train, "grpo": _grpo, "eval": _eval,
-             "report": _report}
+             "mcts": _mcts, "report": _report}

@@ -344,6 +344,7 @@ def test_search_at_inference_is_chosen_after_eval_without_replaying_greedy(train
     eval, nothing greedy is refused, cleared or played again; `best` is the policy best on
     the validation tasks, and an unknown name is an error naming what was evaluated."""
     from pipelines.errors import RunError
+    from pipelines.headlines import headline
     from pipelines.runner import run
     from pipelines.stages import STAGES
 
@@ -359,6 +360,8 @@ def test_search_at_inference_is_chosen_after_eval_without_replaying_greedy(train
     results = run(cfg, run_dir, STAGES, until="mcts")
     assert results["eval"]["status"] == "skipped"
     assert list(results["mcts"]["stats"]) == ["dpo_step+mcts", "critic"]
+    assert headline("mcts", results["mcts"]["stats"]).startswith(  # what status shows
+        "search at inference on 1 test tasks (frozen critic): dpo_step+mcts ")
     with Store(run_dir / "store.duckdb") as store:
         assert [r for r in store.eval_episodes() if r.mode == "greedy"] == greedy
         assert [(r.policy, r.task_id) for r in store.eval_episodes(mode="mcts")] == [
