@@ -265,6 +265,9 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
                 if r.config_hash != current and _changed(r.config, cfg, stage)]
         if rows:
             stale.append((stage, rows[-1]))
+    for stage, row in [(s, r) for s, r in stale if _did_nothing(store.stages(s.name))]:
+        _clear(stage, store, run_dir, "skipped under the old config, runs under this one")
+        stale.remove((stage, row))
     if not stale:
         return
     if not force:
@@ -293,6 +296,12 @@ def downstream(stages: Sequence[Stage], cleared: Sequence[Stage]) -> list[Stage]
     names = [s.name for s in stages]
     first = min(names.index(c.name) for c in cleared)
     return [s for s in stages[first + 1:] if not s.sections]
+
+
+def _did_nothing(rows) -> bool:
+    """Every attempt of a stage finished as skipped (e.g. grpo or mcts turned off): under a
+    changed config it just runs, as nothing of it would be lost."""
+    return all(r.status == "done" and "skipped" in (r.stats or {}) for r in rows)
 
 
 def _clear(stage: Stage, store: Store, run_dir: Path, why: str) -> None:

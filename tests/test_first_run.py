@@ -146,7 +146,7 @@ def test_a_first_run_of_ones_own_env(folder, capsys):
     code, out, _ = cli(capsys, "status", "runs/first")
     lines = stage_lines(out)
     assert list(lines) == ["tasks", "baseline", "search", "critic", "mine", "export", "train",
-                           "grpo", "eval", "report"]
+                           "grpo", "eval", "mcts", "report"]
     assert all(line.startswith("done") and "{" not in line for line in lines.values()), out
     assert lines["tasks"].endswith("fsworld: 3 train, 2 test tasks")
     assert re.search(r"solved \d/3 train tasks \(greedy \d\)", lines["search"])
@@ -170,7 +170,7 @@ def test_a_first_run_of_ones_own_env(folder, capsys):
     lines = stage_lines(out)
     assert lines["mine"].startswith("done") and "step pairs 0" in lines["mine"]
     assert re.search(r"^ {25}no step pairs: mine.theta=2.0 is above 1", out, re.M)  # under mine
-    assert all(lines[s] == "not run" for s in ("train", "grpo", "eval", "report")), lines
+    assert all(lines[s] == "not run" for s in ("train", "grpo", "eval", "mcts", "report")), lines
 
     code, _, err = cli(capsys, "report", "runs/first")  # no eval left: no empty report
     assert code == 2

@@ -216,9 +216,37 @@ def recording(stages: list[Stage], calls: list[str]) -> list[Stage]:
     return [s if s.name == "tasks" else replace(s, fn=fn) for s in stages]
 
 
+def test_a_stage_that_was_skipped_just_runs_under_a_changed_config(tmp_path):
+    """Turning search at inference on after a finished run: the mcts stage was skipped (it
+    holds nothing), so it runs without --force, and nothing greedy is redone; a stage that
+    holds results still refuses a changed config."""
+    from dataclasses import replace
+
+    from pipelines.stages import pipeline
+
+    calls: list[str] = []
+
+    def mcts(ctx):
+        calls.append(ctx.stage)
+        stats = {} if ctx.cfg.eval.mcts else {"skipped": "eval.mcts is false"}
+        ctx.mark_done(stats)
+        return stats
+
+    stages = [replace(s, fn=mcts) if s.name == "mcts" else s
+              for s in recording(pipeline(1)[:-1], calls)]
+    run(fake_cfg(), tmp_path, stages)
+    calls.clear()
+    run(fake_cfg("eval.mcts=true", "eval.mcts_tasks=1"), tmp_path, stages)
+    assert calls == ["mcts"]
+    calls.clear()
+    with pytest.raises(RunError, match="stage 'mcts' \\(done\\)"):
+        run(fake_cfg("eval.mcts=true", "eval.mcts_tasks=2"), tmp_path, stages)
+    assert calls == []
+
+
 def test_more_test_tasks_keep_the_search_and_training(tmp_path):
-    """Only eval reads the test tasks: raising env.test_tasks (with --force, as the tasks
-    stage changed) redoes tasks and eval, not search or train."""
+    """Only eval and mcts read the test tasks: raising env.test_tasks (with --force, as the
+    tasks stage changed) redoes tasks, eval and mcts, not search or train."""
     from pipelines.stages import pipeline
 
     calls: list[str] = []
@@ -231,7 +259,7 @@ def test_more_test_tasks_keep_the_search_and_training(tmp_path):
     assert "stage 'search'" not in message and "stage 'train'" not in message
     calls.clear()
     run(fake_cfg("env.test_tasks=3"), tmp_path, stages, force=True)
-    assert calls == ["eval"]
+    assert calls == ["eval", "mcts"]
     with Store(tmp_path / "store.duckdb", read_only=True) as s:
         assert len(s.tasks("test")) == 3 and len(s.tasks("train")) == 3
 
@@ -276,13 +304,14 @@ def test_force_clears_the_report_and_its_files_with_what_it_clears(tmp_path, cap
               for s in recording(pipeline(1), calls)]
     run(fake_cfg(), tmp_path, stages)
     run(fake_cfg("train.lr=0.001"), tmp_path, stages, until="eval", force=True)
-    assert "stage report: reads what --force cleared (train, grpo, eval)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "stage report: reads what --force cleared (train, grpo, eval, mcts)" in out
     with Store(tmp_path / "store.duckdb", read_only=True) as s:
         assert s.stage("report") is None and s.stage("train").status == "done"
     assert not (tmp_path / "report").exists()
     calls.clear()
-    run(fake_cfg("train.lr=0.001"), tmp_path, stages)  # the report alone is left to do
-    assert calls == [] and (tmp_path / "report" / "index.html").exists()
+    run(fake_cfg("train.lr=0.001"), tmp_path, stages)  # mcts and the report are left to do
+    assert calls == ["mcts"] and (tmp_path / "report" / "index.html").exists()
 
 
 def test_a_wrong_env_is_one_error_before_anything_is_written(tmp_path):
@@ -292,7 +321,7 @@ def test_a_wrong_env_is_one_error_before_anything_is_written(tmp_path):
 
     cases = [("env.name=nosuch.mod:Env", "No module named 'nosuch'"),
              ("env.name=tests.fakes:NoSuchEnv", "has no attribute 'NoSuchEnv'"),
-             ("env.name=tests.fakes:fake_cfg", "fake_cfg is not a subclass of"),
+             ("env.name=tests.fakes:fake_cfg", "fake_cfg is not a usable TRL environment"),
              ("env.kwargs={max_stepz: 3}", "unexpected keyword argument 'max_stepz'")]
     for override, message in cases:
         with pytest.raises(ConfigError, match=message):
