@@ -7,8 +7,15 @@ from __future__ import annotations
 
 import gc
 
-from offline_agent.evaluation import MCTS_MODE, MODE, Episode, greedy_episodes, summarize
-from offline_agent.types import Task
+from offline_agent.evaluation import (
+    MCTS_MODE,
+    MODE,
+    Episode,
+    episode_row,
+    greedy_episodes,
+    summarize,
+)
+from offline_agent.types import Task, Trajectory
 from pipelines.artifacts import load_learned_critic
 from pipelines.config import make_env
 from pipelines.runner import StageContext
@@ -30,6 +37,21 @@ def play(ctx: StageContext, model, adapter: str | None, todo: dict[str, list[Tas
     finally:
         del policy
         gc.collect()
+
+
+def play_stored(ctx: StageContext, name: str, model, adapter: str | None, mode: str,
+                tasks: list[Task], count: dict[str, int]) -> dict:
+    """Play policy `name` on `tasks` in `mode`, each episode committed as it ends (so a
+    resumed stage plays only the tasks it lacks) and counted in count["done"] of
+    count["all"], which `offline-agent status` shows from before the first episode on.
+    Returns play()'s search totals."""
+    ctx.progress.update(policy=name, episodes_done=count["done"], episodes=count["all"])
+
+    def on_done(t: Trajectory, played: str) -> None:
+        ctx.store.insert_eval_episodes([episode_row(t, name, played)], ctx.stage)
+        count["done"] += 1
+        ctx.progress.update(policy=name, episodes_done=count["done"], episodes=count["all"])
+    return play(ctx, model, adapter, {mode: tasks}, on_done)
 
 
 def played_summary(store, eval_cfg, name: str, mode: str) -> dict:

@@ -8,9 +8,9 @@ with new ones: the runner refuses, or with `force` clears them first.
 
 A stage lists every section its results depend on, upstream ones included (search lists
 env and model too), and its `view` drops the keys of those sections it does not read (search
-does not read env.test_tasks), so a change invalidates exactly the stages it affects. A stage that lists
-none (the report) only reads what earlier stages stored: it runs again whenever an earlier
-stage ran in this invocation (e.g. a round added by raising run.iterations), and `force`
+does not read env.test_tasks), so a change invalidates exactly the stages it affects. A stage marked
+`reruns` (the report, the mcts stage) reads what earlier stages stored: it runs again
+whenever an earlier stage ran in this invocation (e.g. a round added by raising run.iterations), and `force`
 clears it (its files too, Stage.outputs) with any earlier stage it clears.
 
 The env is built before the run directory is made, so a wrong env.name or env.kwargs ends
@@ -59,6 +59,9 @@ class Stage:
     # what it writes in the run directory besides the store and checkpoints/<name>/ (e.g.
     # "report"): removed with its results when --force clears them
     outputs: tuple[str, ...] = ()
+    # runs again whenever a stage before it ran in this invocation, as it reads what they
+    # stored (the report; the mcts stage, over every round's policies) and skips what it has
+    reruns: bool = False
 
     def hashed(self, cfg: RunConfig) -> dict:
         return self.view(cfg.hashed(self.sections))
@@ -157,7 +160,7 @@ def _run_stages(todo: Sequence[Stage], cfg: RunConfig, run_dir: Path, store: Sto
             results[s.name] = {"status": "held"}
             continue
         results[s.name] = _run_stage(s, cfg, run_dir, store, progress, tracker,
-                                     redo=ran and not s.sections)
+                                     redo=ran and s.reruns)
         ran = ran or results[s.name]["status"] == "done"
     return results
 

@@ -206,7 +206,7 @@ def test_an_env_of_ours_with_an_object_state_snapshots_by_replay(tokenizer):
         env = ObjectCorridor()
         env.reset(env.tasks("train", 1)[0])
         env.snapshot()
-    assert "replayed identically" in check_round_trip(ReplayCorridor)
+    assert "play alike on a fresh env restored from a snapshot" in check_round_trip(ReplayCorridor)
     actions = ["go[left]", "go[right]", "go[up]"]
     native = grow(Corridor, tokenizer, actions, n=2)
     replayed = grow(ReplayCorridor, tokenizer, actions, n=2)

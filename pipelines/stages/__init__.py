@@ -88,9 +88,9 @@ STAGES: list[Stage] = [
           run_eval, view=greedy_eval),
     # search at inference, after the last round's eval (pipeline() gives it that round)
     Stage("mcts", ("run", "env", "model", "search", "critic", "mine", "train", "grpo", "eval"),
-          run_mcts),
+          run_mcts, reruns=True),
     # Reads only what earlier stages stored; `offline-agent report RUN_DIR` re-renders it.
-    Stage("report", (), run_report, outputs=("report",)),
+    Stage("report", (), run_report, outputs=("report",), reruns=True),
 ]
 
 # Round k >= 2 searches with the policy round k-1 trained: its stages depend on every section

@@ -12,10 +12,9 @@ each on top of round k's model; base is played once, by round 1's. Search at inf
 
 from __future__ import annotations
 
-from offline_agent.evaluation import BASE, MODE, episode_row
-from offline_agent.types import Trajectory
+from offline_agent.evaluation import BASE, MODE
 from pipelines.artifacts import eval_policies, round_model
-from pipelines.play import play, played_summary
+from pipelines.play import play_stored, played_summary
 from pipelines.runner import StageContext
 
 
@@ -23,25 +22,16 @@ def run_eval(ctx: StageContext) -> dict:
     cfg, store = ctx.cfg, ctx.store
     tasks = store.tasks("test")
     policies = eval_policies(store, ctx.run_dir, ctx.round)
-    total = len(tasks) * len(policies)
-    done = sum(len(store.eval_tasks(p, MODE)) for p in policies)
+    count = {"all": len(tasks) * len(policies),
+             "done": sum(len(store.eval_tasks(p, MODE)) for p in policies)}
     for name, adapter in policies.items():
         have = store.eval_tasks(name, MODE)
         todo = [t for t in tasks if t.id not in have]
         if not todo:
             continue
         print(f"eval: {name}: {len(todo)} of {len(tasks)} test tasks to play", flush=True)
-        # `offline-agent status` shows where a (resumed) stage stands before its first episode
-        ctx.progress.update(policy=name, episodes_done=done, episodes=total)
-
-        def on_done(t: Trajectory, mode: str, name: str = name) -> None:
-            nonlocal done
-            store.insert_eval_episodes([episode_row(t, name, mode)], ctx.stage)
-            done += 1
-            ctx.progress.update(policy=name, episodes_done=done, episodes=total)
-
         model = cfg.model if name == BASE else round_model(cfg, store, ctx.run_dir, ctx.round)
-        play(ctx, model, adapter, {MODE: todo}, on_done)
+        play_stored(ctx, name, model, adapter, MODE, todo, count)
     stats = {name: played_summary(store, cfg.eval, name, MODE) for name in policies}
     with store.transaction():
         ctx.mark_done(stats)

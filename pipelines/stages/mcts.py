@@ -12,11 +12,10 @@ greedy eval so that choosing its settings never replays (or clears) a greedy epi
 
 from __future__ import annotations
 
-from offline_agent.evaluation import BASE, MCTS_MODE, episode_row
-from offline_agent.types import Trajectory
+from offline_agent.evaluation import BASE, MCTS_MODE
 from pipelines.artifacts import best_on_validation, eval_policies, round_model
 from pipelines.errors import RunError
-from pipelines.play import play, played_summary
+from pipelines.play import play_stored, played_summary
 from pipelines.rounds import round_name
 from pipelines.runner import StageContext
 
@@ -44,25 +43,18 @@ def run_mcts(ctx: StageContext) -> dict:
         return stats
     tasks = cfg.eval.mcts_test_tasks(store.tasks("test"))
     policies = search_policies(ctx)
-    total, done = len(tasks) * len(policies), 0
+    ids = {t.id for t in tasks}
+    count = {"all": len(tasks) * len(policies),
+             "done": sum(len(store.eval_tasks(p, MCTS_MODE) & ids) for p in policies)}
     searched: dict[str, dict] = {}
     for name, (r, adapter) in policies.items():
         have = store.eval_tasks(name, MCTS_MODE)
-        done += len(have & {t.id for t in tasks})
         todo = [t for t in tasks if t.id not in have]
         if not todo:
             continue
         print(f"mcts: {name}: {len(todo)} of {len(tasks)} test tasks to search", flush=True)
-        ctx.progress.update(policy=name, episodes_done=done, episodes=total)
-
-        def on_done(t: Trajectory, mode: str, name: str = name) -> None:
-            nonlocal done
-            store.insert_eval_episodes([episode_row(t, name, mode)], ctx.stage)
-            done += 1
-            ctx.progress.update(policy=name, episodes_done=done, episodes=total)
-
         model = cfg.model if name == BASE else round_model(cfg, store, ctx.run_dir, r)
-        searched[name] = play(ctx, model, adapter, {MCTS_MODE: todo}, on_done)
+        searched[name] = play_stored(ctx, name, model, adapter, MCTS_MODE, todo, count)
     stats = {}
     for name in policies:
         stats[f"{name}+{MCTS_MODE}"] = played_summary(store, cfg.eval, name, MCTS_MODE)
