@@ -217,6 +217,24 @@ def test_the_stage_shows_a_bar_of_its_steps_with_reward_and_loss(pick_model_dir,
     assert (counters["step"], counters["steps"]) == (2, 2)
 
 
+def test_grpo_dtype_is_the_dtype_it_samples_and_trains_in(pick_model_dir, tmp_path,
+                                                          monkeypatch):
+    """grpo.dtype bfloat16 loads GRPO's model in bfloat16 (train.dtype stays DPO's), while
+    the adapter it trains, and so AdamW's master weights, stay float32."""
+    from safetensors.torch import load_file
+
+    import offline_agent.training.model as model_module
+
+    seen, real = [], model_module.load_base
+    monkeypatch.setattr(model_module, "load_base", lambda model_id, cfg, *a: (
+        seen.append(cfg.dtype), real(model_id, cfg, *a))[1])
+    settings = grpo_config(pick_model_dir, steps=1, dtype="bfloat16")
+    run(RunConfig.from_dict(settings), tmp_path / "r", GRPO)
+    assert seen == ["bfloat16"] and RunConfig.from_dict(settings).train.dtype == "auto"
+    weights = load_file(tmp_path / "r/checkpoints/grpo/grpo/final/adapter_model.safetensors")
+    assert weights and {v.dtype for v in weights.values()} == {torch.float32}
+
+
 def test_a_disabled_stage_does_nothing(pick_model_dir, tmp_path):
     cfg = RunConfig.from_dict(grpo_config(pick_model_dir, enabled=False))
     assert run(cfg, tmp_path / "r", GRPO)["grpo"]["stats"] == {"skipped": "grpo.enabled is false"}

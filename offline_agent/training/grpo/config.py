@@ -61,13 +61,16 @@ class GRPOConfig:
                                       "rollouts come next) every this many steps; the final "
                                       "adapter is always saved")
     gamma: float = config_field(0.95, "discount of the per-step return a step group normalises")
+    dtype: str = config_field("auto", "dtype GRPO samples and trains in: auto (train.dtype), "
+                                      "float32 or bfloat16 (its rollouts are most of a step)")
     select: str = config_field("last", "GRPO's final adapter: last (its last step's) or val (the "
                                        "step checkpoint best on the validation tasks)")
 
     def __post_init__(self):
         checks = {"init": (self.init, INITS), "loss_type": (self.loss_type, LOSS_TYPES),
                   "scale_rewards": (self.scale_rewards, SCALES),
-                  "select": (self.select, ("last", "val"))}
+                  "select": (self.select, ("last", "val")),
+                  "dtype": (self.dtype, ("auto", "float32", "bfloat16"))}
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"grpo.{name} must be one of {', '.join(allowed)}, got {value!r}")

@@ -15,6 +15,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -176,6 +177,8 @@ def fit_grpo(model_id: str, init: str | None, make_env: Callable[[], Env], tasks
     from ..model import add_lora, load_base
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.dtype != "auto":  # grpo.dtype: its own, where rollouts call for another than DPO's
+        train_cfg = replace(train_cfg, dtype=cfg.dtype)
     model, tokenizer = load_base(model_id, train_cfg, device, base_adapter)
     if init is None:
         model = add_lora(model, train_cfg)
