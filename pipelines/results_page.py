@@ -157,7 +157,7 @@ def dtype(exp: dict) -> str:
                  f"{pct(d['success_rate'], d['ci95'], True)} | {d['mean_reward']:+.3f} | "
                  f"{check['speed_ratio']:.2f}x the speed |")
     return ("\n".join(lines) + f"\n\nEpisodes whose actions differ at all: {d['changed']} of "
-            f"{d['n_tasks']} ({pct(d['changed_rate'], d['changed_ci95'])}%); "
+            f"{d['n_tasks']} ({pct(d['changed_rate'], d['changed_ci95'])} %); "
             f"{d['wins']}:{d['losses']} in success, McNemar p {d['mcnemar_p']:.3f}.\n")
 
 
