@@ -268,12 +268,9 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
                 if r.config_hash != current and _changed(r.config, cfg, stage)]
         if rows:
             stale.append((stage, rows[-1]))
-    for stage, row in [(s, r) for s, r in stale if _did_nothing(store.stages(s.name))]:
-        _clear(stage, store, run_dir, "skipped under the old config, runs under this one")
-        stale.remove((stage, row))
-    if not stale:
-        return
-    if not force:
+    idle = [stage for stage, _ in stale if _did_nothing(store.stages(stage.name))]
+    stale = [(stage, row) for stage, row in stale if stage not in idle]
+    if stale and not force:  # a refused command changes nothing, idle stages included
         lines = [f"{run_dir} holds results made under a different config:"]
         for stage, row in stale:
             lines.append(f"  stage {stage.name!r} ({row.status}):")
@@ -282,6 +279,10 @@ def _check_config(cfg: RunConfig, stages: Sequence[Stage], store: Store, run_dir
         lines.append("Rerun with --force to discard those results and recompute them, "
                      "or use another --run-dir.")
         raise RunError("\n".join(lines))
+    for stage in idle:
+        _clear(stage, store, run_dir, "skipped under the old config, runs under this one")
+    if not stale:
+        return
     cleared = [stage for stage, _ in stale]
     for stage in cleared:
         _clear(stage, store, run_dir, "config changed, --force")

@@ -159,6 +159,8 @@ def test_a_first_run_of_ones_own_env(folder, capsys):
                          "mine.theta=2", "--until", "export")
     assert code == 2
     assert "mine.theta: 0.1 -> 2.0" in err and "--force" in err
+    assert "cleared" not in out  # a refused command changes nothing, skip-only stages included
+    assert stage_lines(cli(capsys, "status", "runs/first")[1])["grpo"].startswith("done")
     code, out, err = cli(capsys, "run", "first.yaml", "--run-dir", "runs/first", "--set",
                          "mine.theta=2", "--force", "--until", "export")
     assert code == 0
