@@ -9,6 +9,7 @@ nothing they were not asked to; a traceback means a bug or a failing stage.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from datetime import datetime
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"offline-agent: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `offline-agent status RUN | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 141  # as a shell reports a command killed by SIGPIPE
 
 
 def parser() -> argparse.ArgumentParser:

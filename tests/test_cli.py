@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -110,6 +111,19 @@ def test_status_reads_store(tmp_path, finished, capsys):
     assert ("critic concordance " in out) == bool(measured)
     assert main(["status", str(tmp_path / "nothing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_status_into_a_closed_pipe_ends_quietly(finished):
+    """`offline-agent status RUN | head -1`: the reader left early; no traceback, 141 as the
+    shell reports SIGPIPE."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    with os.fdopen(write, "wb") as stdout:
+        done = subprocess.run([sys.executable, "-m", "pipelines.cli", "status",
+                               str(finished[0])], stdout=stdout, stderr=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
 
 
 def test_status_falls_back_to_progress_while_running(run_dir, capsys):
