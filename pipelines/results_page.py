@@ -15,7 +15,8 @@ A page marks each generated block with a pair of comments:
 `fill(page, root)` regenerates every block; `python -m pipelines.results_page` rewrites
 docs/results.md and README.md in place (`--check`: exit 1 if either would change, what the
 test suite asserts). Blocks: `headline` (the comparison table), `readme` (its rows as
-sentences), `choices` (the configurations tried), `stages` (each stage's time and status),
+sentences), `choices` (the configurations tried), `checkpoints` (each policy's
+checkpoints on the validation tasks, from report.json's selection), `stages` (each stage's time and status),
 `dtype` (the bfloat16 check).
 """
 
@@ -128,6 +129,23 @@ def choices(exp: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def checkpoints(exp: dict) -> str:
+    """Each trained policy's checkpoints played on the validation tasks, and the one taken
+    (train.select / grpo.select: val): success first, mean reward breaking ties."""
+    selected = exp["report"].get("selection", {})
+    if not selected:
+        return "_No checkpoint chosen on validation yet._\n"
+    lines = ["| policy | checkpoints: step, validation success %, mean reward | taken |",
+             "|---|---|---|"]
+    for policy, s in selected.items():
+        tried = "; ".join(f"{c['step']}: {c['success_rate'] * 100:.1f}, {c['mean_reward']:.3f}"
+                          for c in s["candidates"])
+        n = s["candidates"][0]["n_tasks"] if s["candidates"] else 0
+        lines.append(f"| {label({'policy': policy, 'mode': 'greedy'})} | {tried} (n {n}) "
+                     f"| step {s['step']} of {s['last_step']} |")
+    return "\n".join(lines) + "\n"
+
+
 def stages(exp: dict) -> str:
     """Each stage the run recorded: status and seconds of its last attempt."""
     rows = exp["report"].get("stages", [])
@@ -161,8 +179,8 @@ def dtype(exp: dict) -> str:
             f"{d['wins']}:{d['losses']} in success, McNemar p {d['mcnemar_p']:.3f}.\n")
 
 
-BLOCKS = {"headline": headline, "readme": readme, "choices": choices, "stages": stages,
-          "dtype": dtype}
+BLOCKS = {"headline": headline, "readme": readme, "choices": choices,
+          "checkpoints": checkpoints, "stages": stages, "dtype": dtype}
 
 
 def fill(page: str, root: Path) -> str:

@@ -24,14 +24,21 @@ prose kept
 <!-- /results -->
 <!-- results: toy readme -->
 <!-- /results -->
+<!-- results: toy checkpoints -->
+<!-- /results -->
 """
 
 
 @pytest.fixture
 def root(tmp_path):
     """A repo-like folder whose results/toy/ holds a real report of a small store."""
+    candidates = [{"step": s, "folder": f"c/{s}", "policy": f"rft/step-{s}", "n_tasks": 4,
+                   "success_rate": r, "mean_reward": m} for s, r, m in ((2, 0.5, 0.6), (4, 0.25, 0.4))]
+    selected = {"by": "val", "step": 2, "last_step": 4, "why": "x", "candidates": candidates}
     with Store(tmp_path / "store.duckdb") as store:
         fill_store(store)
+        store.set_checkpoint("train", "", "rft/final", {"folder": "c/2", "step": 4,
+                                                        "selected": selected})
         report = build_report(store, EvalConfig(bootstrap=500))
     exp = tmp_path / "results" / "toy"
     exp.mkdir(parents=True)
@@ -53,6 +60,8 @@ def test_blocks_are_regenerated_from_the_artifacts_and_prose_is_kept(root):
     assert "| 10:0, p 0.002 (1 tried) |" in page
     assert "| train.lr | lr 1e-4 | 25.0 [10.0, 40.0] | 0.500 | **yes** |" in page
     assert "step DPO (Agent Q) 50.0 [" in page and "vs base" in page  # the readme sentence
+    # rft's two checkpoints on the validation tasks, the first one taken
+    assert "| RFT | 2: 50.0, 0.600; 4: 25.0, 0.400 (n 4) | step 2 of 4 |" in page
     assert fill(page, root) == page  # idempotent
 
 
