@@ -3,8 +3,9 @@ eval.mcts_simulations without reading a test task.
 
 For one policy of a run (base, or an adapter its train stage finished), plays the run's
 validation tasks (env.val_tasks) greedily, then with verifier-free search at inference under
-each `COMMIT:SIMULATIONS` setting, with the run's search settings and the critic eval.mcts
-would use (the learned one where search.critic is learned). Printed per setting: success and
+each `COMMIT:SIMULATIONS` setting, with the run's search settings and the critic the mcts
+stage would use (where search.critic is learned: the last round's, fitted on every round's
+trees). Printed per setting: success and
 mean reward with 95% intervals, the paired difference against the same policy greedy (the
 named baseline), wins:losses with McNemar's p, simulations and seconds.
 
@@ -35,6 +36,7 @@ from offline_agent.value.learned_critic import LearnedCritic
 from offline_agent.value.value_model import resolve_device
 from pipelines.artifacts import fitted_folder
 from pipelines.config import RunConfig, make_env
+from pipelines.rounds import round_name
 from storage import Store
 
 
@@ -73,7 +75,12 @@ def main() -> None:
         tasks = store.tasks(VAL)
         adapter = None if args.policy == BASE else store.final_checkpoints("train")[
             args.policy]["folder"]
-        critic_folder = fitted_folder(store, args.run_dir, 1)
+        last = cfg.run.iterations
+        critic_folder = fitted_folder(store, args.run_dir, last)
+    if cfg.search.critic == "learned" and critic_folder is None:
+        raise SystemExit(f"{args.run_dir}: its last round's critic stage "
+                         f"({round_name('critic', last)}, the one the mcts stage reads) "
+                         "has not fitted a critic yet")
     tasks = tasks[:args.tasks] if args.tasks else tasks
     if not tasks:
         raise SystemExit(f"{args.run_dir}: no validation tasks (set env.val_tasks)")
