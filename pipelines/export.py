@@ -227,6 +227,8 @@ def export(store: Store, out: Path, tools: list[dict], config: dict,
 
 def push(folder: Path, repo_id: str, private: bool, revision: str | None, api=None) -> str:
     """Upload the folder as one commit (nothing half-written on failure); returns its URL.
+    The commit also deletes the repo's data files this export does not hold, so a config
+    that is empty now (left out of the card) loses an earlier push's rows too.
 
     The token comes from HF_TOKEN or the login cache (huggingface_hub's own lookup) and
     is never printed: errors are reduced to one line with any token text removed."""
@@ -238,7 +240,8 @@ def push(folder: Path, repo_id: str, private: bool, revision: str | None, api=No
         if revision:
             api.create_branch(repo_id, branch=revision, repo_type="dataset", exist_ok=True)
         info = api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="dataset",
-                                 revision=revision, commit_message="offline-agent export")
+                                 revision=revision, delete_patterns=["data/*"],
+                                 commit_message="offline-agent export")
     except Exception as e:  # network, auth, permissions: all end the same way for the user
         raise ExportError(f"push to the Hub failed: {_one_line(e)}. Check the network and "
                           "your token (HF_TOKEN or `hf auth login`); the dataset stays in "

@@ -47,6 +47,8 @@ def test_push_is_one_commit_and_never_logs_the_token(mined_run, monkeypatch, cap
     assert kinds == ["create_repo", "create_branch", "upload_folder"]
     upload = api.calls[-1][2]
     assert upload["repo_type"] == "dataset" and upload["revision"] == "v1"
+    # the same commit drops the repo's data files this export lacks (a now-empty config's)
+    assert upload["delete_patterns"] == ["data/*"]
     assert Path(upload["folder_path"]) == run_dir / "export"
     assert api.calls[0][2]["private"] is True
     failing = StubApi(fail=True)
