@@ -216,7 +216,7 @@ def test_a_later_rounds_card_names_the_public_base_and_the_adapters_merged_into_
     assert "`checkpoints/train@2/rft/final`" in third.merged[2]
 
 
-def select_run(run_dir: Path, model_dir: str) -> RunConfig:
+def select_run(run_dir: Path, model_dir: str, **train) -> RunConfig:
     """A mined run with two validation tasks, and a config that trains dpo_step for 3 steps,
     a checkpoint each step, and selects on validation."""
     from dataclasses import replace as with_
@@ -228,7 +228,7 @@ def select_run(run_dir: Path, model_dir: str) -> RunConfig:
         store.insert_tasks([with_(t, split="val") for t in ShortMiniShop().tasks("train", 2)],
                            "tasks")
     settings = config(model_dir, policies=["dpo_step"], batch_size=2, max_steps=3,
-                      save_every=1, select="val")
+                      save_every=1, select="val", **train)
     settings["env"] = {"name": "tests.fakes:ShortMiniShop", "kwargs": {"max_steps": 2},
                        "val_tasks": 2}
     return RunConfig.from_dict(settings)
@@ -276,6 +276,32 @@ def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_mod
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
         assert store.checkpoint("train", "", "dpo_step/final") == stats
         assert len(store.eval_episodes(stage="train")) == 6  # 3 candidates x 2 tasks
+
+
+def test_merge_writes_the_selected_checkpoint_not_the_last_step(tiny_model_dir, tmp_path,
+                                                                monkeypatch):
+    """train.merge with select: val merges the adapter the policy's record points at: here
+    step 1 of 3 (selection made to take the first), whose logits differ from step 3's."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from pipelines import selection
+    from offline_agent.policy.adapters import quiet_peft
+
+    cfg = select_run(tmp_path / "r", tiny_model_dir, merge=True)
+    monkeypatch.setattr(selection, "choose", lambda scores: scores[0])
+    stats = run(cfg, tmp_path / "r", TRAIN)["train"]["stats"]["dpo_step"]
+    assert stats["selected"]["step"] == 1
+    assert stats["merged"] == "checkpoints/train/dpo_step/merged"
+    ids = torch.tensor([list(range(100, 140))])
+    with torch.no_grad(), quiet_peft():
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "r" / stats["merged"])(ids)
+        chosen, last = (PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir), tmp_path / "r" / folder)(ids)
+            for folder in (stats["folder"], "checkpoints/train/dpo_step/final"))
+    assert (chosen.logits - last.logits).abs().max() > 1e-3  # the two adapters differ
+    torch.testing.assert_close(merged.logits, chosen.logits, rtol=1e-4, atol=1e-4)
 
 
 def test_select_val_needs_validation_tasks():

@@ -112,11 +112,15 @@ def test_qlora_trains_and_merge_writes_base_plus_adapter(tiny_model_dir, tmp_pat
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from offline_agent.training.model import write_merged
+
     cfg = TrainConfig(quantization="4bit", lr=3e-2, warmup_steps=0, batch_size=2, max_steps=2,
-                      merge=True, save_every=100)
+                      save_every=100)
     out = fit_policy("dpo_step", [step_pair(1), step_pair(2)], tiny_model_dir, cfg,
                      tmp_path / "q")
     assert out["step"] == 2
+    write_merged(tiny_model_dir, str(tmp_path / "q" / "final"), str(tmp_path / "q" / "merged"),
+                 cfg)
     ids = torch.tensor([list(range(100, 140))])
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "q" / "merged")

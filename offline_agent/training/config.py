@@ -55,7 +55,8 @@ class TrainConfig:
                                        "(the checkpoint best on the validation tasks; changes "
                                        "what eval plays)")
     seed: int = config_field(0, "seed of data order, pair sampling, LoRA init and dropout")
-    merge: bool = config_field(False, "also write the merged full model to "
+    merge: bool = config_field(False, "also write the policy's final adapter (the selected "
+                                      "one with select: val) merged into a full model, to "
                                       "RUN_DIR/checkpoints/train/<policy>/merged")
 
     def __post_init__(self):

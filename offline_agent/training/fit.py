@@ -13,7 +13,7 @@ from .config import TrainConfig
 from .dpo import DPOObjective, load_or_compute_reference
 from .logprobs import encode_example, encode_pair
 from .mask_check import count_agent_tokens
-from .model import add_lora, load_base, write_merged
+from .model import add_lora, load_base
 from .rft import RFTObjective
 from .trainer import train
 
@@ -57,8 +57,6 @@ def fit_policy(policy: str, rows: list[dict], model_id: str, cfg: TrainConfig, f
         provenance = provenance or Provenance(public_id(model_id), [adapter] if adapter else [],
                                               copy_note(model_id))
         publish(folder / "final", public_id(model_id), policy, provenance, cfg, out)
-        if cfg.merge:
-            write_merged(model_id, str(folder / "final"), str(folder / "merged"), cfg, adapter)
     return out
 
 

@@ -9,12 +9,15 @@ Round k's train stage (train@k) trains on mine@k's data, on top of round k's mod
 (pipelines/artifacts.py). With train.select: val, each policy's final adapter is then its best
 checkpoint on the validation tasks (pipelines/selection.py). That final adapter is then
 scored on the mined pairs its seeded sample (train.max_pairs) left out, recorded under
-"held_out" in the same record (offline_agent/training/heldout.py; n 0 when it took them all).
+"held_out" in the same record (offline_agent/training/heldout.py; n 0 when it took them all),
+and with train.merge written merged into a full model (under "merged").
 """
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 from pathlib import Path
 
 from offline_agent.mining.advice import NO_ROWS, NO_STEP_PAIRS
@@ -35,6 +38,7 @@ from pipelines.runner import StageContext
 from pipelines.selection import select_checkpoint
 from storage import Store
 
+MERGED = "merged"  # the "<policy>/final" record's key (and folder) of train.merge's model
 # policy -> the pair kinds it trains on (rft trains on examples instead)
 PAIR_KINDS = {"dpo_outcome": ("trajectory",), "dpo_step": ("step",),
               "dpo_step_outcome": ("step", "trajectory")}
@@ -97,6 +101,8 @@ def run_train(ctx: StageContext) -> dict:
             final = select_checkpoint(ctx, policy, final)
         if HELD_OUT not in final:
             final = _score_held_out(ctx, policy, final)
+        if cfg.train.merge and MERGED not in final:
+            final = _merge(ctx, policy, final)
         stats[policy] = final
     if ctx.round < cfg.run.iterations:
         _next_round_model(ctx)
@@ -187,6 +193,26 @@ def _train_policy(ctx: StageContext, policy: str, rows: list[dict]) -> dict:
              "trained_tokens": metrics["action_tokens"], "agent_tokens": metrics["agent_tokens"]}
     store.set_checkpoint(ctx.stage, ctx.shard, f"{policy}/final", final)
     return final
+
+
+def _merge(ctx: StageContext, policy: str, final: dict) -> dict:
+    """train.merge: the final adapter (after selection, so the one the policy's rows are
+    about) merged into a full model at checkpoints/<stage>/<policy>/merged, written whole
+    before the record points at it."""
+    from offline_agent.training.model import write_merged
+
+    cfg, store = ctx.cfg, ctx.store
+    model = round_model(cfg, store, ctx.run_dir, ctx.round)
+    out = ctx.checkpoint_dir / policy / MERGED
+    tmp = out.with_name(f".{MERGED}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_merged(model.id, str(ctx.run_dir / final["folder"]), str(tmp), cfg.train,
+                 base_adapter=model.adapter)
+    shutil.rmtree(out, ignore_errors=True)  # one a crash left unrecorded
+    os.replace(tmp, out)
+    value = {**final, MERGED: _in_run(ctx, out)}
+    store.set_checkpoint(ctx.stage, ctx.shard, f"{policy}/final", value)
+    return value
 
 
 def _score_held_out(ctx: StageContext, policy: str, final: dict) -> dict:
