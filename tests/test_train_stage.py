@@ -286,8 +286,8 @@ def test_merge_writes_the_selected_checkpoint_not_the_last_step(tiny_model_dir, 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from pipelines import selection
     from offline_agent.policy.adapters import quiet_peft
+    from pipelines import selection
 
     cfg = select_run(tmp_path / "r", tiny_model_dir, merge=True)
     monkeypatch.setattr(selection, "choose", lambda scores: scores[0])
