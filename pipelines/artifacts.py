@@ -69,11 +69,22 @@ def iterate_record(cfg: RunConfig, store: Store, run_dir: Path, r: int) -> dict:
     return stored_iterate(store, r) or write_iterate(cfg, store, run_dir, r)
 
 
+def write_merged_whole(out: Path, model, adapter: Path, cfg: RunConfig) -> None:
+    """`model` (a round's model: id and adapter) with `adapter` merged in, written to `out`
+    whole: beside it first, then moved over any older one or one a crash left unrecorded."""
+    from offline_agent.training.model import write_merged
+
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_merged(model.id, str(adapter), str(tmp), cfg.train, base_adapter=model.adapter)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+
+
 def write_iterate(cfg: RunConfig, store: Store, run_dir: Path, r: int) -> dict:
     """Round r's model (r >= 2): round r-1's model with its iterate policy's final adapter
     merged in, written whole to RUN_DIR/checkpoints/search@r/iterate (replacing one there),
     then recorded; returns the record. A RunError where round r-1 did not train that policy."""
-    from offline_agent.training.model import write_merged
 
     policy, train = iterate_policy(cfg), round_name("train", r - 1)
     final = store.checkpoint(train, "", f"{policy}/final")
@@ -85,12 +96,8 @@ def write_iterate(cfg: RunConfig, store: Store, run_dir: Path, r: int) -> dict:
     previous = round_model(cfg, store, run_dir, r - 1)
     folder = run_dir / "checkpoints" / round_name("search", r)
     folder.mkdir(parents=True, exist_ok=True)
-    out, tmp = folder / ITERATE, folder / f".{ITERATE}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    write_merged(previous.id, str(run_dir / final["folder"]), str(tmp), cfg.train,
-                 base_adapter=previous.adapter)
-    shutil.rmtree(out, ignore_errors=True)  # an older one, or one a crash left unrecorded
-    os.replace(tmp, out)
+    out = folder / ITERATE
+    write_merged_whole(out, previous, run_dir / final["folder"], cfg)
     value = {"folder": str(out.relative_to(run_dir)), "policy": round_name(policy, r - 1),
              "adapter": final["folder"]}
     store.set_checkpoint(round_name("search", r), "", ITERATE, value)

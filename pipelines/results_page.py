@@ -15,9 +15,9 @@ A page marks each generated block with a pair of comments:
 `fill(page, root)` regenerates every block; `python -m pipelines.results_page` rewrites
 docs/results.md and README.md in place (`--check`: exit 1 if either would change, what the
 test suite asserts). Blocks: `headline` (the comparison table), `readme` (its rows as
-sentences), `choices` (the configurations tried), `checkpoints` (each policy's
-checkpoints on the validation tasks, from report.json's selection), `stages` (each stage's time and status),
-`dtype` (the bfloat16 check).
+sentences), `choices` (the configurations tried), `checkpoints` (each policy's checkpoints
+on the validation tasks, from report.json's selection), `stages` (each stage's time and
+status), `dtype` (the bfloat16 check).
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ prose kept
 def root(tmp_path):
     """A repo-like folder whose results/toy/ holds a real report of a small store."""
     candidates = [{"step": s, "folder": f"c/{s}", "policy": f"rft/step-{s}", "n_tasks": 4,
-                   "success_rate": r, "mean_reward": m} for s, r, m in ((2, 0.5, 0.6), (4, 0.25, 0.4))]
+                   "success_rate": r, "mean_reward": m}
+                  for s, r, m in ((2, 0.5, 0.6), (4, 0.25, 0.4))]
     selected = {"by": "val", "step": 2, "last_step": 4, "why": "x", "candidates": candidates}
     with Store(tmp_path / "store.duckdb") as store:
         fill_store(store)

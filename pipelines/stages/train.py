@@ -15,9 +15,7 @@ and with train.merge written merged into a full model (under "merged").
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 from pathlib import Path
 
 from offline_agent.mining.advice import NO_ROWS, NO_STEP_PAIRS
@@ -30,6 +28,7 @@ from pipelines.artifacts import (
     round_model,
     stored_iterate,
     write_iterate,
+    write_merged_whole,
 )
 from pipelines.config import RunConfig
 from pipelines.errors import RunError
@@ -199,19 +198,11 @@ def _merge(ctx: StageContext, policy: str, final: dict) -> dict:
     """train.merge: the final adapter (after selection, so the one the policy's rows are
     about) merged into a full model at checkpoints/<stage>/<policy>/merged, written whole
     before the record points at it."""
-    from offline_agent.training.model import write_merged
-
-    cfg, store = ctx.cfg, ctx.store
-    model = round_model(cfg, store, ctx.run_dir, ctx.round)
     out = ctx.checkpoint_dir / policy / MERGED
-    tmp = out.with_name(f".{MERGED}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    write_merged(model.id, str(ctx.run_dir / final["folder"]), str(tmp), cfg.train,
-                 base_adapter=model.adapter)
-    shutil.rmtree(out, ignore_errors=True)  # one a crash left unrecorded
-    os.replace(tmp, out)
+    write_merged_whole(out, round_model(ctx.cfg, ctx.store, ctx.run_dir, ctx.round),
+                       ctx.run_dir / final["folder"], ctx.cfg)
     value = {**final, MERGED: _in_run(ctx, out)}
-    store.set_checkpoint(ctx.stage, ctx.shard, f"{policy}/final", value)
+    ctx.store.set_checkpoint(ctx.stage, ctx.shard, f"{policy}/final", value)
     return value
 
 
