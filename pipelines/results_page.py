@@ -66,6 +66,11 @@ def p_value(d: dict | None) -> str:
     return f"{d['wins']}:{d['losses']}, p {text} ({d.get('configs_tried', 1)} tried)"
 
 
+def paired(d: dict | None) -> str:
+    """A paired difference with its interval, then wins:losses and McNemar p."""
+    return f"{pct(d['success_rate'], d['ci95'], True)}, {p_value(d)}" if d else "-"
+
+
 def label(entry: dict) -> str:
     """The row's name for a reader: the method, then where it came from."""
     policy, mode = entry["policy"], entry["mode"]
@@ -76,6 +81,11 @@ def label(entry: dict) -> str:
     return text + (" + MCTS" if mode != "greedy" else "")
 
 
+def in_order(entries: list[dict]) -> list[dict]:
+    """Greedy rows first, in training order, then the searches at inference."""
+    return sorted(entries, key=lambda e: e["mode"] != "greedy")
+
+
 def headline(exp: dict) -> str:
     """The comparison table: every evaluated row, greedy first in training order, then the
     searches at inference, with n, Wilson and paired bootstrap intervals and McNemar p."""
@@ -83,19 +93,15 @@ def headline(exp: dict) -> str:
     if not entries:
         return "_No evaluation yet: the run has not reached its eval stage._\n"
     dtype = exp["config"].get("model", {}).get("dtype", "?")
-    rows = sorted(entries, key=lambda e: e["mode"] != "greedy")
-    lines = [f"| row ({dtype}) | n | success % [95% CI] | vs base, paired | "
-             "vs same policy greedy | wins:losses, McNemar p | mean reward [95% CI] |",
-             "|---|---|---|---|---|---|---|"]
-    for e in rows:
-        d, g = e.get("delta_vs_base"), e.get("delta_vs_greedy")
+    lines = [f"| row ({dtype}) | n | success % [95% CI] | vs base, paired: points [95% CI], "
+             "wins:losses, McNemar p | vs same policy greedy, paired | mean reward [95% CI] |",
+             "|---|---|---|---|---|---|"]
+    for e in in_order(entries):
         ci = e.get("mean_reward_ci95")
         reward = f"{e['mean_reward']:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
         lines.append(" | ".join([
             f"| {label(e)}", str(e["n_tasks"]), pct(e["success_rate"], e["ci95"]),
-            pct(d["success_rate"], d["ci95"], True) if d else "-",
-            pct(g["success_rate"], g["ci95"], True) if g else "-",
-            p_value(g or d), reward]) + " |")
+            paired(e.get("delta_vs_base")), paired(e.get("delta_vs_greedy")), reward]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -105,7 +111,7 @@ def readme(exp: dict) -> str:
     if not entries:
         return "No test figures yet: the run has not reached its eval stage.\n"
     parts = []
-    for e in entries:
+    for e in in_order(entries):
         d = e.get("delta_vs_greedy") or e.get("delta_vs_base")
         against = "its own greedy" if e.get("delta_vs_greedy") else "base"
         delta = f", {pct(d['success_rate'], d['ci95'], True)} vs {against}" if d else ""

@@ -58,7 +58,7 @@ def test_blocks_are_regenerated_from_the_artifacts_and_prose_is_kept(root):
     assert "| row (bfloat16) |" in page  # the dtype the run used, named in the table
     # dpo_step solves every even task of 40, base every 4th: 50% vs 25%, +25 points paired
     assert "| step DPO (Agent Q) | 40 | 50.0 [" in page and "| +25.0 [" in page
-    assert "| 10:0, p 0.002 (1 tried) |" in page
+    assert "| +25.0 [" in page and ", 10:0, p 0.002 (1 tried) |" in page
     assert "| train.lr | lr 1e-4 | 25.0 [10.0, 40.0] | 0.500 | **yes** |" in page
     assert "step DPO (Agent Q) 50.0 [" in page and "vs base" in page  # the readme sentence
     # rft's two checkpoints on the validation tasks, the first one taken
