@@ -11,7 +11,7 @@ import yaml
 
 from offline_agent.evaluation import EvalConfig
 from pipelines.report import build_report
-from pipelines.results_page import ROOT, fill, main
+from pipelines.results_page import ROOT, fill, headline, main
 from storage import Store
 from tests.test_report import fill as fill_store
 
@@ -58,12 +58,25 @@ def test_blocks_are_regenerated_from_the_artifacts_and_prose_is_kept(root):
     assert "| row (bfloat16) |" in page  # the dtype the run used, named in the table
     # dpo_step solves every even task of 40, base every 4th: 50% vs 25%, +25 points paired
     assert "| step DPO (Agent Q) | 40 | 50.0 [" in page and "| +25.0 [" in page
-    assert "| +25.0 [" in page and ", 10:0, p 0.002 (1 tried) |" in page
+    assert ", 10:0, p 0.002 (1 tried) |" in page  # wins:losses beside the difference
     assert "| train.lr | lr 1e-4 | 25.0 [10.0, 40.0] | 0.500 | **yes** |" in page
     assert "step DPO (Agent Q) 50.0 [" in page and "vs base" in page  # the readme sentence
     # rft's two checkpoints on the validation tasks, the first one taken
     assert "| RFT | 2: 50.0, 0.600; 4: 25.0, 0.400 (n 4) | step 2 of 4 |" in page
     assert fill(page, root) == page  # idempotent
+
+
+def test_a_searched_row_shows_its_test_against_base_and_against_its_greedy_apart():
+    """A +MCTS row is paired twice: each comparison keeps its own wins:losses and p."""
+    def delta(points, wins, losses, p):
+        return {"success_rate": points, "ci95": [points - 0.05, points + 0.05], "wins": wins,
+                "losses": losses, "mcnemar_p": p}
+    row = {"policy": "grpo", "mode": "mcts", "n_tasks": 100, "success_rate": 0.4,
+           "ci95": [0.3, 0.5], "mean_reward": 0.7, "delta_vs_base": delta(0.15, 17, 2, 0.0007),
+           "delta_vs_greedy": delta(0.1, 13, 3, 0.021)}
+    line = headline({"report": {"policies": [row]}, "config": {}}).splitlines()[-1]
+    assert line.split(" | ")[3:5] == ["+15.0 [+10.0, +20.0], 17:2, p 7e-04 (1 tried)",
+                                      "+10.0 [+5.0, +15.0], 13:3, p 0.021 (1 tried)"]
 
 
 def test_an_experiment_without_artifacts_says_so(tmp_path):
