@@ -1,6 +1,7 @@
 """The train stage on 2 processes (the documented `accelerate launch ... --only train`, on CPU
 with gloo) against 1: the same losses step by step, the same adapters, and only the main
-process opened the store or wrote a file of the run."""
+process opened the store or wrote a file of the run; each process leaves its process group
+before exiting."""
 
 from __future__ import annotations
 
@@ -42,7 +43,11 @@ def replaced(src, dst, *a, **k):
     note("write", dst); return replace(src, dst, *a, **k)
 storage.Store.__init__, os.replace = opened, replaced
 from pipelines.cli import main
-sys.exit(main(sys.argv[1:]))
+code = main(sys.argv[1:])
+import torch.distributed as dist  # still open at exit, gloo can abort a run that succeeded
+with open(os.path.join(os.environ["AUDIT_DIR"], f"group-{os.environ.get('RANK', '0')}"), "w") as f:
+    f.write("open" if dist.is_initialized() else "closed")
+sys.exit(code)
 """
 
 
@@ -174,6 +179,8 @@ def test_two_processes_train_as_one_and_only_the_main_one_writes(tiny_model_dir,
     # each process ran a share of the very same packed forwards: the same numbers, not close
     assert torch.equal(reference[1]["logps"], reference[0]["logps"])
     check_only_main_wrote(tmp_path / "p2", tmp_path / "p2-audit")
+    # each process left its process group before exiting (distributed.leave)
+    assert [(tmp_path / "p2-audit" / f"group-{r}").read_text() for r in (0, 1)] == ["closed"] * 2
 
 
 def test_several_processes_run_only_a_train_stage(tmp_path, monkeypatch, capsys):

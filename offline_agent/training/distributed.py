@@ -73,6 +73,17 @@ def release() -> None:
     if world_size() > 1:
         make_accelerator()
         _broadcast(None)
+        leave()
+
+
+def leave() -> None:
+    """Destroy this process's group once it has nothing left to send or receive. A gloo group
+    left to the interpreter's exit can abort it ("terminate called without an active
+    exception", SIGABRT) after the run succeeded (pytorch/pytorch#190489)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _broadcast(job: dict | None) -> dict | None:

@@ -65,3 +65,4 @@ def follow() -> None:
     main process trains, until it is done (distributed.py)."""
     while (job := distributed.next_job()) is not None:
         fit_policy(**job)
+    distributed.leave()
