@@ -101,12 +101,24 @@ def _trained(v: dict) -> str:
         return "skipped (" + v["skipped"].removeprefix("no training data: ") + ")"
     held = v.get(HELD_OUT) or {}
     acc = f", held-out acc {_pct(held['pair_accuracy'])} of {held['n']}" if held.get("n") else ""
-    return f"{_n(v['step'], 'step')} on {v['items']} rows, loss {v['loss']:.3g}{acc}"
+    return f"{_n(v['step'], 'step')} on {v['items']} rows, loss {v['loss']:.3g}{acc}{_chosen(v)}"
+
+
+def _chosen(v: dict) -> str:
+    """The checkpoint train.select / grpo.select: val took and its validation score, so runs
+    that differ in one setting compare from `status` alone."""
+    sel = v.get("selected")
+    if not sel:
+        return ""
+    best = next(c for c in sel["candidates"] if c["step"] == sel["step"])
+    return (f", val {_pct(best['success_rate'])} of {best['n_tasks']} at step {sel['step']} "
+            f"of {sel['last_step']}")
 
 
 def _grpo(s: dict) -> str:
     reward = s.get("reward_mean")
-    return _n(s["step"], "step") + (f", reward {reward:.3f}" if reward is not None else "")
+    return (_n(s["step"], "step") + (f", reward {reward:.3f}" if reward is not None else "")
+            + _chosen(s))
 
 
 def _eval(s: dict) -> str:

@@ -174,6 +174,7 @@ def test_select_val_chooses_the_step_on_validation_and_eval_plays_the_choice(pic
     validation tasks (split val, never the test table) and records the best as grpo/final,
     which eval then plays: GRPO's step count chosen on validation."""
     from offline_agent.evaluation import EvalConfig
+    from pipelines.headlines import headline
     from pipelines.report import build_report
 
     settings = grpo_config(pick_model_dir, steps=4, select="val")
@@ -191,6 +192,9 @@ def test_select_val_chooses_the_step_on_validation_and_eval_plays_the_choice(pic
         assert eval_policies(store, tmp_path / "r")["grpo"] == str(tmp_path / "r" /
                                                                    stats["folder"])
         assert build_report(store, EvalConfig())["selection"]["grpo"] == chosen
+    best = next(c for c in chosen["candidates"] if c["step"] == chosen["step"])
+    assert headline("grpo", stats).endswith(  # what `status` shows
+        f", val {best['success_rate']:.1%} of 4 at step {chosen['step']} of 4")
     assert (tmp_path / "r" / "checkpoints/grpo/grpo/candidates/step-2/adapter_config.json"
             ).is_file()
 

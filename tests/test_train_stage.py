@@ -237,6 +237,7 @@ def select_run(run_dir: Path, model_dir: str, **train) -> RunConfig:
 def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_model_dir,
                                                                         tmp_path, monkeypatch):
     from pipelines import selection
+    from pipelines.headlines import headline
 
     cfg = select_run(tmp_path / "r", tiny_model_dir)
     real_play, played = selection.play, []
@@ -272,6 +273,8 @@ def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_mod
                                                     c["step"]))
     assert chosen["step"] == best["step"] and stats["folder"] == best["folder"]
     assert f"step {best['step']} of 3 checkpoints" in chosen["why"]
+    assert headline("train", {"dpo_step": stats}).endswith(  # what `status` shows
+        f", val {best['success_rate']:.1%} of 2 at step {best['step']} of 3")
     assert (tmp_path / "r" / stats["folder"] / "adapter_config.json").is_file()
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
         assert store.checkpoint("train", "", "dpo_step/final") == stats
