@@ -71,8 +71,8 @@ class ModelConfig:
     backend: str = config_field("hf", "hf (transformers, CPU or GPU) or vllm (GPU only)")
     device: str = config_field("auto", "auto (cuda when available), cpu or cuda")
     dtype: str = config_field("auto", "auto (bfloat16 on GPU, float32 on CPU), float32, bfloat16, "
-                                      "float16 (bfloat16 on CPU: faster, changes some greedy "
-                                      "actions)")
+                                      "float16 (bfloat16 on CPU changes some actions; faster "
+                                      "only with avx512_bf16 or AMX)")
     max_batch: int = config_field(32, "most sequences in one generate or forward call")
     adapter: str | None = config_field(None, "LoRA adapter folder applied on top of the model; "
                                              "null: none")

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from ..cpu_dtype import warn_if_emulated_bf16
 from .adapters import merge_adapter
 from .attention import use_gqa_sdpa
 from .base import (
@@ -112,6 +113,7 @@ class HFPolicy:
             dtype = "bfloat16" if device.startswith("cuda") else "float32"
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
+        warn_if_emulated_bf16(DTYPES[dtype], device, "model.dtype")
         path = resolve_model(model_id)
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).to(device).eval()

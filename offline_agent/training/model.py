@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from offline_agent.cpu_dtype import warn_if_emulated_bf16
 from offline_agent.optional_deps import require
 from offline_agent.policy.adapters import drop_kernel_note, import_peft, merge_adapter, quiet_peft
 from offline_agent.policy.models import resolve_model
@@ -30,6 +31,7 @@ def load_base(model_id: str, cfg: TrainConfig, device: str, adapter: str | None 
     path = resolve_model(model_id)
     tokenizer = AutoTokenizer.from_pretrained(path)
     dtype = train_dtype(cfg, device)
+    warn_if_emulated_bf16(dtype, device, "train.dtype (grpo.dtype in GRPO)")
     if cfg.quantization == "4bit":
         if adapter:
             raise ValueError("train.quantization=4bit cannot start from model.adapter: merge "
