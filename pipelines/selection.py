@@ -8,14 +8,15 @@ play the validation tasks greedily (episodes stored like eval episodes, as polic
 (validation success, then mean reward, then the later step) becomes the policy's final
 adapter: the store's "<policy>/final" record points at its folder and says which and why
 under "selected". A crash mid-selection resumes: the record without "selected" makes the
-stage select again, and the episodes already stored are not replayed.
+stage select again, and the episodes already stored are not replayed. While candidates play,
+`offline-agent status` shows which and how many of their validation episodes are done.
 """
 
 from __future__ import annotations
 
-from offline_agent.evaluation import MODE, VAL, Episode, episode_row, rates
+from offline_agent.evaluation import MODE, VAL, Episode, rates
 from pipelines.artifacts import candidates, round_model
-from pipelines.play import play
+from pipelines.play import play_stored
 from pipelines.rounds import round_name
 from pipelines.runner import StageContext
 
@@ -41,23 +42,23 @@ def reason(best: dict, scores: list[dict]) -> str:
 
 def select_checkpoint(ctx: StageContext, policy: str, final: dict) -> dict:
     """Score each candidate of `policy` on the validation tasks, record the best as its final
-    adapter (with the scores and the reason under "selected"); returns that record."""
+    adapter (with the scores and the reason under "selected"); returns that record. While it
+    plays, progress.json counts the episodes of all candidates (policy `<policy>/step-<n>`)."""
     store, folder = ctx.store, ctx.checkpoint_dir / policy
     tasks = store.tasks(VAL)
     model = round_model(ctx.cfg, store, ctx.run_dir, ctx.round)
+    labelled = [(f"{round_name(policy, ctx.round)}/step-{step}", step, adapter)
+                for step, adapter in candidates(folder, final)]
+    todo = {label: [t for t in tasks if t.id not in store.eval_tasks(label, MODE)]
+            for label, _, _ in labelled}
+    count = {"all": len(tasks) * len(labelled)}
+    count["done"] = count["all"] - sum(map(len, todo.values()))
     scores = []
-    for step, adapter in candidates(folder, final):
-        label = f"{round_name(policy, ctx.round)}/step-{step}"
-        have = store.eval_tasks(label, MODE)
-        todo = [t for t in tasks if t.id not in have]
-        if todo:
-            print(f"train: select {policy}: step {step} on {len(todo)} validation tasks",
-                  flush=True)
-
-            def on_done(t, mode: str, label: str = label) -> None:
-                store.insert_eval_episodes([episode_row(t, label, mode)], ctx.stage)
-
-            play(ctx, model, str(adapter), {MODE: todo}, on_done)  # greedy only
+    for label, step, adapter in labelled:
+        if todo[label]:
+            print(f"{ctx.stage}: select {policy}: step {step} on {len(todo[label])} "
+                  "validation tasks", flush=True)
+            play_stored(ctx, label, model, str(adapter), MODE, todo[label], count)  # greedy
         played = [Episode.from_row(r) for r in store.eval_episodes(label, MODE)]
         scores.append({"step": step, "folder": str(adapter.relative_to(ctx.run_dir)),
                        "policy": label, **rates(played)})

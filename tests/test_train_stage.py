@@ -236,11 +236,12 @@ def select_run(run_dir: Path, model_dir: str, **train) -> RunConfig:
 
 def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_model_dir,
                                                                         tmp_path, monkeypatch):
-    from pipelines import selection
+    from pipelines import play as playing
     from pipelines.headlines import headline
+    from pipelines.progress import read_progress
 
     cfg = select_run(tmp_path / "r", tiny_model_dir)
-    real_play, played = selection.play, []
+    real_play, played = playing.play, []
 
     def crash_on_the_second(ctx, model, adapter, tasks, on_done):
         played.append(Path(adapter).name)
@@ -248,7 +249,7 @@ def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_mod
             raise KeyboardInterrupt  # killed after step 1's episodes, before step 2's
         real_play(ctx, model, adapter, tasks, on_done)
 
-    monkeypatch.setattr(selection, "play", crash_on_the_second)
+    monkeypatch.setattr(playing, "play", crash_on_the_second)
     with pytest.raises(KeyboardInterrupt):
         run(cfg, tmp_path / "r", TRAIN)
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
@@ -259,13 +260,20 @@ def test_select_val_picks_the_best_checkpoint_on_validation_and_resumes(tiny_mod
     assert not (tmp_path / "r/checkpoints/train/dpo_step/candidates/step-1/trainer_state.pt"
                 ).exists()
 
+    progress = read_progress(tmp_path / "r")["counters"]  # what `status` showed when killed
+    assert (progress["policy"], progress["episodes_done"], progress["episodes"]) == (
+        "dpo_step/step-2", 2, 6)  # step 1's 2 of the 3 candidates x 2 validation tasks
+
     played.clear()
-    monkeypatch.setattr(selection, "play", lambda *a: (played.append(Path(a[2]).name),
-                                                         real_play(*a)))
+    monkeypatch.setattr(playing, "play", lambda *a: (played.append(Path(a[2]).name),
+                                                       real_play(*a)))
     monkeypatch.setattr("offline_agent.training.fit.fit_policy",
                         lambda *a, **k: pytest.fail("trained again"))
     stats = run(cfg, tmp_path / "r", TRAIN)["train"]["stats"]["dpo_step"]
     assert played == ["step-2", "final"]  # step 1's episodes were kept, training too
+    progress = read_progress(tmp_path / "r")["counters"]
+    assert (progress["policy"], progress["episodes_done"], progress["episodes"]) == (
+        "dpo_step/step-3", 6, 6)
     chosen = stats["selected"]
     assert [c["step"] for c in chosen["candidates"]] == [1, 2, 3]
     assert all(c["n_tasks"] == 2 for c in chosen["candidates"])
