@@ -251,12 +251,10 @@ def _print_stage(name: str, row, verbose: bool) -> None:
     if row is None:
         print(f"  {name:<22} not run")
         return
-    shard = f" [{row.shard}]" if row.shard else ""
-    took = f"{row.seconds:.1f}s" if row.seconds is not None else ""
     # we hold the lock, so no process is running it: it was killed
     status = "interrupted" if row.status == "running" else row.status
     if not verbose:
-        print(f"  {name + shard:<22} {status:<11} {took:>8}  {headline(name, row.stats)}")
+        print(_stage_line(name, row.shard, status, row.seconds, headline(name, row.stats)))
         for line in notes(name, row.stats):
             print(f"  {'':<22} {line}")
         return
@@ -266,7 +264,7 @@ def _print_stage(name: str, row, verbose: bool) -> None:
     held_out: list[str] = []  # a train stage's policies': a line each
     if name.split("@")[0] == "train":
         stats, held_out = held_out_lines(stats)
-    print(f"  {name + shard:<22} {status:<11} {took:>8}  {stats or ''}")
+    print(_stage_line(name, row.shard, status, row.seconds, str(stats or "")))
     for line in held_out:
         print(f"  {'':<22} {line}")
     if agreement is not None and agreement["overall"]["n"]:
@@ -300,8 +298,16 @@ def _progress_text(run_dir: Path) -> str:
     ago = (datetime.now().astimezone() - updated).total_seconds()
     shard = f" [shard {p['shard']}]" if p.get("shard") else ""
     counters = " ".join(f"{k}={v}" for k, v in p.get("counters", {}).items())
-    return (f"  stage {p['stage']}{shard}: {p['status']}  {counters}\n"
+    done = "".join(_stage_line(d["stage"], d["shard"], "done", d["seconds"], d["headline"]) + "\n"
+                   for d in p["done"])
+    return (f"{done}  stage {p['stage']}{shard}: {p['status']}  {counters}\n"
             f"  written by PID {p['pid']}, {ago:.0f}s ago")
+
+
+def _stage_line(name: str, shard: str, status: str, seconds: float | None, text: str) -> str:
+    """A stage's line in `status`: name, status, time taken, headline."""
+    took = f"{seconds:.1f}s" if seconds is not None else ""
+    return f"  {name + (f' [{shard}]' if shard else ''):<22} {status:<11} {took:>8}  {text}"
 
 
 def cmd_merge(args: argparse.Namespace) -> int:

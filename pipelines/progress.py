@@ -33,6 +33,12 @@ class Progress:
         self.state["counters"].update(counters)
         self._write()
 
+    def stages_done(self, lines: list[dict]) -> None:
+        """The stages stored as done ({"stage", "shard", "seconds", "headline"} each), so
+        `offline-agent status` shows the run's results so far while the store is locked."""
+        self.state["done"] = lines
+        self._write()
+
     def status(self, status: str) -> None:
         """done | failed | finished (the whole run) | interrupted."""
         self.state["status"] = status
@@ -73,4 +79,6 @@ def read_progress(run_dir: str | Path) -> dict | None:
         aware = False
     if not aware:
         raise ProgressError(f"{path} has an unreadable updated_at: {state['updated_at']!r}")
+    if not isinstance(state.setdefault("done", []), list):  # absent: written before it existed
+        raise ProgressError(f"{path} has a 'done' that is not a list of stages")
     return state

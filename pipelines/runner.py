@@ -139,6 +139,7 @@ def run(
         os.replace(tmp, run_dir / "config.yaml")
         store.record_run(cfg.to_dict())
         progress = Progress(run_dir)
+        progress.stages_done(_done_lines(store))
         try:
             tracker = open_tracker(cfg.run.report_to, cfg.to_dict(), run_dir, store.run_id)
         except TrackerError as e:
@@ -163,6 +164,12 @@ def _run_stages(todo: Sequence[Stage], cfg: RunConfig, run_dir: Path, store: Sto
                                      redo=ran and s.reruns)
         ran = ran or results[s.name]["status"] == "done"
     return results
+
+
+def _done_lines(store: Store) -> list[dict]:
+    """Each stage stored as done, as `status` prints it, for progress.json."""
+    return [{"stage": r.stage, "shard": r.shard, "seconds": r.seconds,
+             "headline": headline(r.stage, r.stats)} for r in store.stages() if r.status == "done"]
 
 
 def _check_extras(cfg: RunConfig, todo: Sequence[Stage]) -> None:
@@ -214,6 +221,7 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
         raise RuntimeError(f"stage {stage.name!r} returned without calling ctx.mark_done(stats) "
                            "in the transaction of its last outputs")
     progress.status("done")
+    progress.stages_done(_done_lines(store))
     tracker.log_stats(stage.name, stage.round, stats)
     print(f"stage {label}: done in {seconds:.1f}s: {headline(stage.name, stats)}", flush=True)
     return {"status": "done", "stats": stats, "seconds": seconds}

@@ -153,6 +153,32 @@ def test_status_falls_back_to_progress_while_running(run_dir, capsys):
     assert "stage search [shard 0/1]: running  trees_done=3 simulations=24" in out
 
 
+def test_status_of_a_locked_store_shows_the_stages_done_as_the_unlocked_one_does(run_dir,
+                                                                                  capsys):
+    """A run holding the store still lets `status` show every stage finished so far (from
+    progress.json), line for line as `status` shows them once the store is free."""
+    assert main(["status", str(run_dir)]) == 0
+    free = capsys.readouterr().out.splitlines()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys
+            from storage import Store
+            store = Store({str(run_dir / "store.duckdb")!r})
+            print("ready", flush=True)
+            sys.stdin.read()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        assert main(["status", str(run_dir)]) == 0
+        locked = capsys.readouterr().out.splitlines()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    done = [line for line in free if line.split()[1:2] == ["done"]]
+    assert len(done) >= 5 and any("train" in line for line in done)
+    assert sorted(line for line in locked if line.split()[1:2] == ["done"]) == sorted(done)
+
+
 def shard_run(tmp_path, config, i: int) -> Path:
     run_dir = tmp_path / f"shard{i}"
     assert main(["run", config, "--run-dir", str(run_dir), "--set", f"search.shard={i}/2"]) == 0
