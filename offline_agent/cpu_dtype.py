@@ -9,10 +9,15 @@ import warnings
 import torch
 
 
+def on_x86() -> bool:
+    """Whether this is an x86 CPU, the only kind the CPU-specific choices were measured on."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
 def native_bf16() -> bool:
     """False only on an x86 CPU with neither avx512_bf16 nor amx_bf16, where bfloat16 was
     measured slower (docs/performance.md); other CPUs are not judged."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if not on_x86():
         return True
     caps = torch.cpu.get_capabilities()
     return bool(caps["avx512_bf16"] or caps["amx_bf16"])

@@ -3,9 +3,9 @@
 torch's `nn.Linear` on CPU calls MKL's sgemm. At the row counts a decode step has (1 to 16
 rows: search decodes a few short actions at a time), MKL streams each weight from memory
 slower than oneDNN's kernel for the same float32 weight, and at 2 to 8 rows it costs about
-twice its 1-row product. On the idle 2-core AMD EPYC with avx512, a decode step of the embedded model at
-context 970 ran 1.21-1.76x faster at 2 to 8 rows, 1.29x at 1 and 1.05x at 16, search's
-sampled call of 48 rows 1.32x, greedy MiniShop episodes 1.11x, a prefill 0.94x
+twice its 1-row product. On the idle 2-core AMD EPYC with avx512, a decode step of the
+embedded model at context 970 ran 1.21-1.76x faster at 2 to 8 rows, 1.29x at 1 and 1.05x at
+16, search's sampled call of 48 rows 1.32x, greedy MiniShop episodes 1.11x, a prefill 0.94x
 (`benchmarks/decode_levers.py --levers onednn --threads 2`, docs/performance.md); on one
 with AVX2 only, 1.11-1.31x at 2 to 16 rows, 0.94x at 1, a prefill 1.00x. Outputs
 differ from MKL's by float rounding (~1e-6 relative), the size of the difference between two
@@ -17,9 +17,9 @@ is trained while a policy holds it (GRPO) trains through `nn.Linear` as before.
 
 from __future__ import annotations
 
-import platform
-
 import torch
+
+from ..cpu_dtype import on_x86
 
 
 class OneDNNLinear(torch.nn.Linear):
@@ -34,8 +34,7 @@ class OneDNNLinear(torch.nn.Linear):
 def on_x86_with_onednn() -> bool:
     """The CPUs where it was measured (x86 with avx512, and with AVX2 only), with torch's
     oneDNN built in."""
-    return (torch.backends.mkldnn.is_available()
-            and platform.machine().lower() in ("x86_64", "amd64"))
+    return torch.backends.mkldnn.is_available() and on_x86()
 
 
 def use_onednn_linear(model: torch.nn.Module) -> None:
