@@ -26,6 +26,8 @@ prose kept
 <!-- /results -->
 <!-- results: toy checkpoints -->
 <!-- /results -->
+<!-- results: toy stages -->
+<!-- /results -->
 """
 
 
@@ -38,6 +40,7 @@ def root(tmp_path):
     selected = {"by": "val", "step": 2, "last_step": 4, "why": "x", "candidates": candidates}
     with Store(tmp_path / "store.duckdb") as store:
         fill_store(store)
+        store.start_stage("report", "", "h", {})  # as the report stage sees itself
         store.set_checkpoint("train", "", "rft/final", {"folder": "c/2", "step": 4,
                                                         "selected": selected})
         report = build_report(store, EvalConfig(bootstrap=500))
@@ -63,6 +66,8 @@ def test_blocks_are_regenerated_from_the_artifacts_and_prose_is_kept(root):
     assert "step DPO (Agent Q) 50.0 [" in page and "vs base" in page  # the readme sentence
     # rft's two checkpoints on the validation tasks, the first one taken
     assert "| RFT | 2: 50.0, 0.600; 4: 25.0, 0.400 (n 4) | step 2 of 4 |" in page
+    # the stages done, not the report stage that was writing report.json
+    assert "| search | done |" in page and "| report |" not in page
     assert fill(page, root) == page  # idempotent
 
 
