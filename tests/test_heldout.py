@@ -14,6 +14,7 @@ from offline_agent.training.config import TrainConfig
 from offline_agent.training.heldout import pair_accuracies, score_pairs, scored_logps
 from pipelines.cli import main
 from pipelines.config import RunConfig
+from pipelines.progress import read_progress
 from pipelines.runner import run
 from pipelines.stages import train as train_stage
 from pipelines.stages.train import held_out_pairs, policy_rows
@@ -85,6 +86,17 @@ def test_an_untrained_adapter_scores_as_its_base_and_moves_no_reward(tiny_model_
     assert out["pair_accuracy"] == out["base_pair_accuracy"]
 
 
+def test_scoring_reports_each_forward_of_both_passes(tiny_model_dir, tmp_path, capsys):
+    """A few hundred pairs take minutes on a CPU: each packed forward is heard, the policy's
+    pass then the reference's, up to 2N, and a bar counts them."""
+    rows = [step_pair(i) for i in range(3)]
+    heard = []
+    score_pairs(rows, tiny_model_dir, _untrained_adapter(tiny_model_dir, tmp_path / "a"),
+                TrainConfig(pack_tokens=1), on_scored=lambda *counts: heard.append(counts))
+    assert heard == [(k, 6) for k in range(1, 7)]  # a pair per forward at this budget
+    assert "held-out pairs: 100%" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("quantization", ["none", "4bit"])
 def test_scoring_builds_the_model_training_ran(tiny_model_dir, tmp_path, quantization):
     """Scored on the pairs it trained on, the reference is exactly the one training stored
@@ -117,6 +129,9 @@ def test_the_train_stage_scores_each_policy_on_the_pairs_it_left_out(tiny_model_
     assert step["pair_accuracy"] >= step["base_pair_accuracy"]
     with Store(tmp_path / "r" / "store.duckdb", read_only=True) as store:
         assert store.checkpoint("train", "", "dpo_step/final")["held_out"] == step
+    counters = read_progress(tmp_path / "r")["counters"]  # what `status` showed last
+    assert (counters["policy"], counters["pairs_scored"], counters["pair_scores"]) == (
+        "rft/held-out", 8, 8)
 
 
 def test_trained_on_all_pairs_records_n_0_and_a_crash_before_scoring_scores_once(

@@ -8,6 +8,7 @@ resumed run does not recompute them and training holds one model.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,23 +22,27 @@ REFERENCE = "reference.pt"
 
 @torch.no_grad()
 def pair_logps(model, items: list[list[Encoded]], budget: int,
-               share: tuple[int, int] = (0, 1)) -> torch.Tensor:
+               share: tuple[int, int] = (0, 1),
+               on_group: Callable[[int], None] | None = None) -> torch.Tensor:
     """(N, 2) summed action log-probs of (chosen, rejected) under `model` as it is, packed
     like training's forwards. share=(i, n): only every n-th packed group from the i-th (the
     rest stay 0), so n processes each compute a share of the same forwards and their results
-    sum to the whole."""
+    sum to the whole. on_group(k): after each packed forward, the k pairs it scored."""
     out = torch.zeros(len(items), 2)
     for group in groups(items, budget)[share[0]::share[1]]:
         seqs = [s for i in group for s in items[i]]
         out[group] = sequence_logps(model, pack(seqs)).view(-1, 2).cpu()
+        if on_group:
+            on_group(len(group))
     return out
 
 
 def reference_logps(model, items: list[list[Encoded]], budget: int,
-                    share: tuple[int, int] = (0, 1)) -> torch.Tensor:
+                    share: tuple[int, int] = (0, 1),
+                    on_group: Callable[[int], None] | None = None) -> torch.Tensor:
     """`pair_logps` under the adapter-disabled model: the reference."""
     with model.disable_adapter():
-        return pair_logps(model, items, budget, share)
+        return pair_logps(model, items, budget, share, on_group)
 
 
 def load_or_compute_reference(model, items, keys: list, budget: int, folder: Path,

@@ -11,7 +11,10 @@ started from).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+from tqdm.auto import tqdm
 
 from offline_agent.evaluation import wilson
 
@@ -51,26 +54,41 @@ def pair_accuracies(policy: torch.Tensor, reference: torch.Tensor) -> dict:
 
 
 def score_pairs(rows: list[dict], model_id: str, adapter_folder: str, cfg: TrainConfig,
-                base_adapter: str | None = None) -> dict:
+                base_adapter: str | None = None,
+                on_scored: Callable[[int, int], None] | None = None) -> dict:
     """`pair_accuracies` of the adapter in `adapter_folder` (trained on `model_id` with
     `base_adapter` merged in, as fit_policy trained it) on these pair rows; the model is
-    loaded only when there is a pair to score."""
+    loaded only when there is a pair to score. on_scored: as scored_logps."""
     if not rows:
         return pair_accuracies(torch.zeros(0, 2), torch.zeros(0, 2))
-    return pair_accuracies(*scored_logps(rows, model_id, adapter_folder, cfg, base_adapter))
+    return pair_accuracies(*scored_logps(rows, model_id, adapter_folder, cfg, base_adapter,
+                                         on_scored))
 
 
 @torch.no_grad()
 def scored_logps(rows: list[dict], model_id: str, adapter_folder: str, cfg: TrainConfig,
-                 base_adapter: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 base_adapter: str | None = None,
+                 on_scored: Callable[[int, int], None] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(policy, reference) (N, 2) summed action log-probs of the pairs' (chosen, rejected),
     the model built as training builds it (on a GPU when there is one), so the reference is
-    the very one training computed for the pairs it trained on."""
+    the very one training computed for the pairs it trained on. Each pair is scored twice,
+    under the policy and the reference: a progress bar counts the 2N scorings, and
+    on_scored(done, 2N) hears each packed forward (minutes on a CPU for a few hundred)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_base(model_id, cfg, device, base_adapter)
     model = add_lora(model, cfg)  # the network training ran (QLoRA's float32 norms too)
     load_adapter_weights(model, adapter_folder)
     model.eval()
     items = [list(encode_pair(tokenizer, r)) for r in rows]
-    return (pair_logps(model, items, cfg.pack_tokens),
-            reference_logps(model, items, cfg.pack_tokens))
+    bar = tqdm(total=2 * len(items), desc="held-out pairs", unit="pair")
+
+    def scored(k: int) -> None:
+        bar.update(k)
+        if on_scored:
+            on_scored(bar.n, bar.total)
+
+    out = (pair_logps(model, items, cfg.pack_tokens, on_group=scored),
+           reference_logps(model, items, cfg.pack_tokens, on_group=scored))
+    bar.close()
+    return out

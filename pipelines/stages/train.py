@@ -218,8 +218,12 @@ def _score_held_out(ctx: StageContext, policy: str, final: dict) -> dict:
     if rows:
         print(f"train: {policy}: scoring {len(rows)} held-out pairs", flush=True)
     model = round_model(cfg, store, ctx.run_dir, ctx.round)
+
+    def on_scored(done: int, total: int) -> None:
+        ctx.progress.update(policy=f"{policy}/held-out", pairs_scored=done, pair_scores=total)
+
     scores = score_pairs(rows, model.id, str(ctx.run_dir / final["folder"]), cfg.train,
-                         model.adapter)
+                         model.adapter, on_scored=on_scored)
     value = {**final, HELD_OUT: {"left_out_of": source, "kinds": list(PAIR_KINDS[source]),
                                  "mined": len(mined), **scores}}
     store.set_checkpoint(ctx.stage, ctx.shard, f"{policy}/final", value)
