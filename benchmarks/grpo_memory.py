@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dpo_vs_trl import emit, status
+
 MODEL = "embedded:smollm2-135m-instruct"
 SETTINGS = {  # name: train-config overrides
     "defaults": {},
@@ -49,10 +51,8 @@ def one_step(overrides: dict, args) -> dict:
         fit_grpo(MODEL, None, make_env, make_env().tasks("train", args.tasks), cfg,
                  TrainConfig(lora_r=16, **overrides), Path(out), seed=0, max_batch=32,
                  on_metrics=lambda s, m: seen.append(m))
-    status = Path("/proc/self/status").read_text().splitlines()
-    hwm = next(int(line.split()[1]) for line in status if line.startswith("VmHWM"))
     m = seen[-1]
-    return {"peak_mib": hwm / 1024, "update_s": m["update_seconds"], "loss": m["loss"],
+    return {"peak_mib": status("VmHWM") / 2**20, "update_s": m["update_seconds"], "loss": m["loss"],
             "agent_tokens": m["agent_tokens"], "step_s": time.perf_counter() - began}
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(one_step(SETTINGS[args.child], args)), flush=True)
+        emit("RESULT", **one_step(SETTINGS[args.child], args))
         return
     results = {}
     for name in SETTINGS:
