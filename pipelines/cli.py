@@ -300,8 +300,21 @@ def _progress_text(run_dir: Path) -> str:
     counters = " ".join(f"{k}={v}" for k, v in p.get("counters", {}).items())
     done = "".join(_stage_line(d["stage"], d["shard"], "done", d["seconds"], d["headline"]) + "\n"
                    for d in p["done"])
-    return (f"{done}  stage {p['stage']}{shard}: {p['status']}  {counters}\n"
+    return (f"{done}  stage {p['stage']}{shard}: {p['status']}{_running_for(p)}  {counters}\n"
             f"  written by PID {p['pid']}, {ago:.0f}s ago")
+
+
+def _running_for(progress: dict) -> str:
+    """` for 1h 05m` while a stage runs: how long its current attempt has taken (none for a
+    progress.json written before it kept `started_at`, or one whose stage has ended)."""
+    try:
+        started = datetime.fromisoformat(progress.get("started_at") or "")
+    except (TypeError, ValueError):
+        return ""
+    if progress["status"] != "running" or started.tzinfo is None:
+        return ""
+    minutes = int((datetime.now().astimezone() - started).total_seconds() // 60)
+    return f" for {minutes // 60}h {minutes % 60:02d}m" if minutes >= 60 else f" for {minutes}m"
 
 
 def _stage_line(name: str, shard: str, status: str, seconds: float | None, text: str) -> str:

@@ -24,8 +24,10 @@ class Progress:
                                       "counters": {}}
 
     def start(self, stage: str, shard: str) -> None:
-        """A stage begins: counters reset."""
-        self.state.update(stage=stage, shard=shard, status="running", counters={})
+        """A stage begins: counters reset, and its start kept so `status` can say how long
+        this attempt has been running."""
+        self.state.update(stage=stage, shard=shard, status="running", counters={},
+                          started_at=datetime.now().astimezone().isoformat())
         self._write()
 
     def update(self, **counters: Any) -> None:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from pipelines.cli import main
+from pipelines.cli import _progress_text, main
+from pipelines.progress import Progress
 from storage import NodeVisits, Store, make_node_id
 
 CONFIG = """\
@@ -150,7 +153,26 @@ def test_status_falls_back_to_progress_while_running(run_dir, capsys):
         holder.stdin.close()
         holder.wait(timeout=30)
     assert f"locked by PID {holder.pid}" in out and "progress.json" in out
-    assert "stage search [shard 0/1]: running  trees_done=3 simulations=24" in out
+    assert "stage search [shard 0/1]: running for 0m  trees_done=3 simulations=24" in out
+
+
+@pytest.mark.parametrize("started, status, says", [
+    (timedelta(minutes=75), "running", "stage grpo: running for 1h 15m  step=5"),
+    (timedelta(minutes=9), "running", "stage grpo: running for 9m  step=5"),
+    (timedelta(minutes=75), "done", "stage grpo: done  step=5"),
+    ("yesterday", "running", "stage grpo: running  step=5"),  # unreadable: no time said
+    (None, "running", "stage grpo: running  step=5"),  # written before started_at existed
+])
+def test_progress_says_how_long_the_running_stage_has_taken(tmp_path, started, status, says):
+    p = Progress(tmp_path)
+    p.start("grpo", "")
+    p.update(step=5)
+    p.status(status)
+    state = json.loads((tmp_path / "progress.json").read_text())
+    state["started_at"] = ((datetime.now().astimezone() - started).isoformat()
+                           if isinstance(started, timedelta) else started)
+    (tmp_path / "progress.json").write_text(json.dumps(state))
+    assert says in _progress_text(tmp_path)
 
 
 def test_status_of_a_locked_store_shows_the_stages_done_as_the_unlocked_one_does(run_dir,
