@@ -141,9 +141,10 @@ def episode_transcripts(store: Store) -> dict[str, dict]:
 
 
 def stage_rows(store: Store) -> list[dict]:
-    """Each stage (and shard) with its status, seconds of its last attempt and stats."""
+    """Each stage (and shard) with its status, seconds of its last attempt and stats; the
+    `report` stage is left out, since the report it would list is the one it is writing."""
     rows = []
-    for r in store.stages():
+    for r in (r for r in store.stages() if r.stage != "report"):
         rows.append({"stage": r.stage, "shard": r.shard, "status": r.status,
                      "seconds": None if r.seconds is None else round(r.seconds, 1),
                      "stats": r.stats})

@@ -193,6 +193,8 @@ def test_every_round_is_evaluated_and_reported_and_a_rerun_is_a_no_op(two_rounds
     assert [p["policy"] for p in report["policies"]] == ["base", "dpo_step", "dpo_step@2"]
     assert set(report["training"]) == {"dpo_step", "dpo_step@2"}
     assert set(report["critic_concordance"]) == {"search", "search@2"}  # each round's trees
+    stages = {r["stage"]: r["status"] for r in report["stages"]}
+    assert stages["eval@2"] == "done" and "report" not in stages  # not itself, half-written
     assert {s: r["status"] for s, r in again.items()} == {s: "skipped" for s in resumed}
 
 
