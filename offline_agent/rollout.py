@@ -63,58 +63,72 @@ def run_episodes(
         raise ValueError(f"{len(seeds)} seeds for {len(tasks)} tasks")
     if prefixes is not None and len(prefixes) != len(tasks):
         raise ValueError(f"{len(prefixes)} prefixes for {len(tasks)} tasks")
-    seeds = seeds if seeds is not None else [seed] * len(tasks)
-    out: list[Trajectory | None] = [None] * len(tasks)
     if not tasks:
         return []
-    envs: dict[int, Env] = {}
-    trajs: dict[int, Trajectory] = {}
-    queue = iter(range(len(tasks)))
-    first_env = make_env()  # the prompt's shared parts, played once (the demonstration)
-    system, demo = first_env.system_prompt(), first_env.demonstration()
+    seeds = seeds if seeds is not None else [seed] * len(tasks)
+    pool = _Episodes(policy, make_env, tasks, seeds, prefixes, on_done, on_turn)
+    first = [r for _ in range(batch_size) for r in pool.start()]
+    if first:  # none where every prefix ended its episode
+        policy.serve(first, action_sampling(pool.first_env, temperature, None), pool.answer)
+    return pool.out  # type: ignore[return-value]
 
-    def request(i: int) -> Request:
-        t = trajs[i]
-        prompt = render_prompt(policy.tokenizer, history_messages(
-            system, t.instruction, t.first_observation, t.steps, demo))
-        return Request(prompt, stable_seed(seeds[i], tasks[i].id, len(t.steps)),
-                       envs[i].call_tools(), key=i)
 
-    def start() -> list[Request]:
+class _Episodes:
+    """The episodes of run_episodes in play: each one's env and trajectory, from its first
+    request to its record; `answer` is what policy.serve calls with each action."""
+
+    def __init__(self, policy: Policy, make_env: Callable[[], Env], tasks: list[Task],
+                 seeds: list[int], prefixes: list[list[tuple[str, list[int] | None]]] | None,
+                 on_done: Callable[[Trajectory], None] | None,
+                 on_turn: Callable[[int, str, Completion, Env], None] | None) -> None:
+        self.policy, self.make_env, self.tasks, self.seeds = policy, make_env, tasks, seeds
+        self.prefixes, self.on_done, self.on_turn = prefixes, on_done, on_turn
+        self.out: list[Trajectory | None] = [None] * len(tasks)
+        self.envs: dict[int, Env] = {}
+        self.trajs: dict[int, Trajectory] = {}
+        self.queue = iter(range(len(tasks)))
+        self.first_env = make_env()  # the prompt's shared parts, played once (the demonstration)
+        self.system, self.demo = self.first_env.system_prompt(), self.first_env.demonstration()
+
+    def request(self, i: int) -> Request:
+        t = self.trajs[i]
+        prompt = render_prompt(self.policy.tokenizer, history_messages(
+            self.system, t.instruction, t.first_observation, t.steps, self.demo))
+        return Request(prompt, stable_seed(self.seeds[i], self.tasks[i].id, len(t.steps)),
+                       self.envs[i].call_tools(), key=i)
+
+    def start(self) -> list[Request]:
         """The next task's first request; a task its prefix ends is recorded on the way."""
-        for i in queue:
-            envs[i] = make_env()
-            first = envs[i].reset(tasks[i])
-            trajs[i] = Trajectory(task_id=tasks[i].id, env=tasks[i].env,
-                                  instruction=tasks[i].instruction, first_observation=first)
-            if not any(play(i, text, ids) for text, ids in (prefixes[i] if prefixes else [])):
-                return [request(i)]
-            record(i)
+        for i in self.queue:
+            task = self.tasks[i]
+            self.envs[i] = self.make_env()
+            first = self.envs[i].reset(task)
+            self.trajs[i] = Trajectory(task_id=task.id, env=task.env,
+                                       instruction=task.instruction, first_observation=first)
+            prefix = self.prefixes[i] if self.prefixes else []
+            if not any(self.play(i, text, ids) for text, ids in prefix):
+                return [self.request(i)]
+            self.record(i)
         return []
 
-    def play(i: int, text: str, ids: list[int] | None) -> bool:
+    def play(self, i: int, text: str, ids: list[int] | None) -> bool:
         """Step episode i with `text`; whether the episode is over."""
-        call, result = envs[i].act(text)
-        trajs[i].steps.append(make_step(text, call, result, ids))
+        call, result = self.envs[i].act(text)
+        self.trajs[i].steps.append(make_step(text, call, result, ids))
         return result.done
 
-    def record(i: int) -> None:
-        t = trajs.pop(i)
-        t.reward, t.achieved = t.steps[-1].reward, envs.pop(i).describe_achieved()
-        out[i] = t
-        if on_done:
-            on_done(t)
+    def record(self, i: int) -> None:
+        t = self.trajs.pop(i)
+        t.reward, t.achieved = t.steps[-1].reward, self.envs.pop(i).describe_achieved()
+        self.out[i] = t
+        if self.on_done:
+            self.on_done(t)
 
-    def answer(r: Request, completion: Completion) -> list[Request]:
+    def answer(self, r: Request, completion: Completion) -> list[Request]:
         i = r.key
-        if on_turn:
-            on_turn(i, r.prompt, completion, envs[i])
-        if not play(i, completion.text, completion.action_ids):
-            return [request(i)]
-        record(i)
-        return start()
-
-    first = [r for _ in range(batch_size) for r in start()]
-    if first:  # none where every prefix ended its episode
-        policy.serve(first, action_sampling(first_env, temperature, None), answer)
-    return out  # type: ignore[return-value]
+        if self.on_turn:
+            self.on_turn(i, r.prompt, completion, self.envs[i])
+        if not self.play(i, completion.text, completion.action_ids):
+            return [self.request(i)]
+        self.record(i)
+        return self.start()
