@@ -16,8 +16,8 @@ A page marks each generated block with a pair of comments:
 docs/results.md and README.md in place (`--check`: exit 1 if either would change, what the
 test suite asserts). Blocks: `headline` (the comparison table), `readme` (its rows as
 sentences), `choices` (the configurations tried), `checkpoints` (each policy's checkpoints
-on the validation tasks, from report.json's selection), `stages` (each stage's time and
-status), `dtype` (the bfloat16 check).
+on the validation tasks, from report.json's selection), `stages` (each stage of the
+run's pipeline, its time and status, or not run yet), `dtype` (the bfloat16 check).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 
 import yaml
+
+from pipelines.stages import pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("docs/results.md", "README.md")
@@ -153,15 +155,23 @@ def checkpoints(exp: dict) -> str:
 
 
 def stages(exp: dict) -> str:
-    """Each stage the run recorded (but `report`, pipelines/report.py): status and seconds of
-    its last attempt."""
+    """Every stage of the run's pipeline in order, from its config's run.iterations (but
+    `report`, pipelines/report.py): status and seconds of its last attempt, or `not run yet`,
+    so a page copied out of a run still going shows what it has still to do."""
     rows = exp["report"].get("stages", [])
     if not rows:
         return "_No stage recorded yet._\n"
+    planned = [s.name for s in pipeline(exp["config"].get("run", {}).get("iterations", 1))
+               if s.name != "report"]
+    order = planned + [n for n in dict.fromkeys(r["stage"] for r in rows) if n not in planned]
     lines = ["| stage | status | seconds |", "|---|---|---|"]
-    for r in rows:
-        seconds = "-" if r["seconds"] is None else f"{r['seconds']:,.0f}"
-        lines.append(f"| {r['stage']} | {r['status']} | {seconds} |")
+    for name in order:
+        for r in [r for r in rows if r["stage"] == name] or [None]:
+            if r is None:
+                lines.append(f"| {name} | not run yet | - |")
+                continue
+            seconds = "-" if r["seconds"] is None else f"{r['seconds']:,.0f}"
+            lines.append(f"| {name} | {r['status']} | {seconds} |")
     return "\n".join(lines) + "\n"
 
 

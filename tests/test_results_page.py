@@ -11,7 +11,7 @@ import yaml
 
 from offline_agent.evaluation import EvalConfig
 from pipelines.report import build_report
-from pipelines.results_page import ROOT, fill, headline, main
+from pipelines.results_page import ROOT, fill, headline, main, stages
 from storage import Store
 from tests.test_report import fill as fill_store
 
@@ -82,6 +82,18 @@ def test_a_searched_row_shows_its_test_against_base_and_against_its_greedy_apart
     line = headline({"report": {"policies": [row]}, "config": {}}).splitlines()[-1]
     assert line.split(" | ")[3:5] == ["+15.0 [+10.0, +20.0], 17:2, p 7e-04 (1 tried)",
                                       "+10.0 [+5.0, +15.0], 13:3, p 0.021 (1 tried)"]
+
+
+def test_the_stage_table_follows_the_pipeline_and_shows_what_a_partial_run_has_left():
+    """Copied out after round 1's eval, a two-round run lists its stages in pipeline order
+    (not the order the store recorded them in) and the rest as not run yet."""
+    rows = [{"stage": s, "shard": "", "status": "done", "seconds": 2.0}
+            for s in ("tasks", "eval", "grpo", "train")]
+    table = stages({"report": {"stages": rows}, "config": {"run": {"iterations": 2}}})
+    names = [line.split(" | ")[0][2:] for line in table.splitlines()[2:]]
+    assert names[:2] == ["tasks", "baseline"] and names.index("grpo") < names.index("eval")
+    assert names[-2:] == ["eval@2", "mcts"] and "report" not in names
+    assert "| grpo | done | 2 |" in table and "| search@2 | not run yet | - |" in table
 
 
 def test_an_experiment_without_artifacts_says_so(tmp_path):
