@@ -235,13 +235,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _stage_order(run_dir: Path, rows: list) -> list[str]:
     """The run's stages in pipeline order (its config.yaml's), then any other stored one."""
-    from pipelines.stages import pipeline
+    from pipelines.stages import in_pipeline_order
 
+    stored = [r.stage for r in rows]
     try:
-        planned = [s.name for s in pipeline(RunConfig.load(run_dir / "config.yaml").run.iterations)]
+        return in_pipeline_order(RunConfig.load(run_dir / "config.yaml").run.iterations, stored)
     except ConfigError:  # a config this version cannot read: the stored stages alone
-        planned = []
-    return planned + [n for n in dict.fromkeys(r.stage for r in rows) if n not in planned]
+        return list(dict.fromkeys(stored))
 
 
 def _print_stage(name: str, row, verbose: bool) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.stages import pipeline
+from pipelines.stages import in_pipeline_order
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("docs/results.md", "README.md")
@@ -161,17 +161,14 @@ def stages(exp: dict) -> str:
     rows = exp["report"].get("stages", [])
     if not rows:
         return "_No stage recorded yet._\n"
-    planned = [s.name for s in pipeline(exp["config"].get("run", {}).get("iterations", 1))
-               if s.name != "report"]
-    order = planned + [n for n in dict.fromkeys(r["stage"] for r in rows) if n not in planned]
+    iterations = exp["config"].get("run", {}).get("iterations", 1)
     lines = ["| stage | status | seconds |", "|---|---|---|"]
-    for name in order:
-        for r in [r for r in rows if r["stage"] == name] or [None]:
-            if r is None:
-                lines.append(f"| {name} | not run yet | - |")
-                continue
-            seconds = "-" if r["seconds"] is None else f"{r['seconds']:,.0f}"
-            lines.append(f"| {name} | {r['status']} | {seconds} |")
+    for name in in_pipeline_order(iterations, [r["stage"] for r in rows]):
+        if name == "report":
+            continue
+        lines += [f"| {name} | {r['status']} | "
+                  + ("-" if r["seconds"] is None else f"{r['seconds']:,.0f}") + " |"
+                  for r in rows if r["stage"] == name] or [f"| {name} | not run yet | - |"]
     return "\n".join(lines) + "\n"
 
 

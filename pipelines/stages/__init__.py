@@ -108,3 +108,10 @@ def pipeline(iterations: int) -> list[Stage]:
               for r in range(2, iterations + 1) for name, fn in ROUND]
     mcts, report = STAGES[-2:]
     return STAGES[:-2] + rounds + [replace(mcts, round=iterations), report]
+
+
+def in_pipeline_order(iterations: int, stored: list[str]) -> list[str]:
+    """Every stage of pipeline(iterations) in order, then any other stored stage (one an older
+    config had): what `offline-agent status` and the results page list, done or not."""
+    planned = [s.name for s in pipeline(iterations)]
+    return planned + [n for n in dict.fromkeys(stored) if n not in planned]
