@@ -1,7 +1,7 @@
 """README and docs/ describe the present, for users: README fits a front door, and no page but
 the results page (which links its earlier runs) carries a lab log: commit hashes, session
-numbers, dated entries. Benchmarks cited in the docs exist, and benchmarks/README.md lists
-every script there is."""
+numbers, issue numbers, dated entries. Benchmarks cited in the docs exist, benchmarks/README.md
+lists every script there is, and a section a page or the code cites by name is on that page."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "README.md",
 # 7 to 40 hex digits, with at least one digit and one letter: a commit hash, not a number
 # (2511), a word (deadline, faced) or an exponent (1e-5)
 COMMIT = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
-SESSION = re.compile(r"\bsessions?\s+\d+", re.IGNORECASE)
+SESSION = re.compile(r"\b(?:sessions?|issues?)\s+\d+", re.IGNORECASE)
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 
 
@@ -36,7 +36,7 @@ def prose(text: str) -> list[tuple[int, str]]:
 
 
 def lab_log(text: str) -> list[str]:
-    """Every commit hash, "session N" and ISO date in the prose, as `line: match`."""
+    """Every commit hash, "session N", "issue N" and ISO date in the prose, as `line: match`."""
     return [f"{n}: {m.group(0)}" for n, line in prose(text)
             for pattern in (COMMIT, SESSION, DATE) for m in pattern.finditer(line)]
 
@@ -45,8 +45,9 @@ def test_the_lab_log_pattern_finds_hashes_sessions_and_dates_but_not_numbers_or_
     text = ("at commit b1ba7ac, then 375bb3c; in session 41 (2026-12-02)\n"
             "12,991 tokens, 2479 in the trie, lr 1e-05, a deadbeef-free faced decade\n"
             "```\ngit worktree add /tmp/base 4e9ee26\n```\n"
-            "the process session is killed\n")
-    assert lab_log(text) == ["1: b1ba7ac", "1: 375bb3c", "1: session 41", "1: 2026-12-02"]
+            "the process session is killed; the target of issue 20\n")
+    assert lab_log(text) == ["1: b1ba7ac", "1: 375bb3c", "1: session 41", "1: 2026-12-02",
+                             "6: issue 20"]
 
 
 def test_readme_is_a_front_door():
@@ -67,3 +68,40 @@ def test_cited_benchmarks_exist_and_benchmarks_readme_lists_each_script():
     assert cited <= scripts, f"cited but gone: {sorted(cited - scripts)}"
     listed = set(re.findall(r"`(\w+\.py)`", (ROOT / "benchmarks" / "README.md").read_text()))
     assert listed == scripts
+
+
+# `docs/page.md, "Section"` or `docs/page.md ("Section")`, the quote possibly wrapped
+SECTION_REF = re.compile(r'docs/([a-z_-]+\.md),?\s*\(?"([A-Z`][^"]*)"')
+CITING = [*PAGES, ROOT / "docs" / "results.md", ROOT / "results" / "README.md",
+          *(p for d in ("offline_agent", "pipelines", "storage", "benchmarks", "tests", "examples")
+            for p in sorted((ROOT / d).rglob("*.py")) if p.name != "test_docs.py"),
+          *sorted((ROOT / "configs").glob("*.yaml"))]
+
+
+def section_names(page: str) -> list[str]:
+    """A page's headings and bold lead-ins (`**Name.**`), whitespace collapsed: what a
+    citation may name."""
+    heads = re.findall(r"^#+\s+(.+)$", page, re.MULTILINE)
+    bold = re.findall(r"\*\*([^*]+)\*\*", page)
+    return [" ".join(s.split()) for s in heads + bold]
+
+
+def dangling(text: str, pages: dict[str, str]) -> list[str]:
+    """Every `docs/page.md, "Section"` whose page lacks a heading or bold lead-in starting
+    with that name."""
+    return [f"{page}: {name}" for page, raw in SECTION_REF.findall(text)
+            for name in [" ".join(raw.split())]
+            if page not in pages or not any(s.startswith(name) for s in section_names(pages[page]))]
+
+
+def test_a_section_cited_by_name_that_is_not_there_is_found():
+    pages = {"a.md": "# Title\n## The learned critic (stage)\n**Ending targets** (x)\n"}
+    text = ('see docs/a.md, "The learned critic", docs/a.md ("Ending\n  targets"),\n'
+            'docs/a.md, "Which layer the critic reads", docs/b.md, "Anything"')
+    assert dangling(text, pages) == ["a.md: Which layer the critic reads", "b.md: Anything"]
+
+
+def test_sections_cited_by_name_exist():
+    pages = {p.name: p.read_text() for p in (ROOT / "docs").glob("*.md")}
+    found = [f"{f.relative_to(ROOT)} -> {d}" for f in CITING for d in dangling(f.read_text(), pages)]
+    assert found == []

@@ -14,7 +14,7 @@ STATES = ("conversation", "page")  # critic.state: how a state is read (value_mo
 class CriticConfig:
     lora_r: int = config_field(0, "LoRA rank on the base under the value head; 0: base frozen, "
                                   "only the head learns (as good on MiniShop at a fifth of the "
-                                  "fit time; docs/results.md)")
+                                  "fit time; docs/architecture.md)")
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         metadata={"help": "linear layers that get LoRA adapters (with critic.lora_r > 0)"})
@@ -32,7 +32,7 @@ class CriticConfig:
                                               "whose pages show the whole state)")
     layer_share: float = config_field(0.6, "share of the base's decoder layers V runs before its "
                                            "head (1: all); 0.6 ranked MiniShop's item pages "
-                                           "better than 1 (docs/results.md)")
+                                           "better than 1 (docs/architecture.md)")
     pack_tokens: int = config_field(8192, "most tokens in one forward: states and their actions "
                                           "are packed into prefix tries of at most this size")
     seed: int = config_field(0, "seed of the task split, data order and initialisation")

@@ -11,7 +11,7 @@ memory, not forwarded. Search asks the same pair twice by design (V(page, buy) a
 `ending` value, then as the value of that page's own `buy` child), and a second forward, in
 another trie, differed by float noise: enough to break the tie between `buy` and an action
 that leaves the page as it was (re-clicking a chosen option) the wrong way, one step more
-each time (docs/results.md, "Which layer the critic reads").
+each time (docs/architecture.md, "The learned critic").
 """
 
 from __future__ import annotations

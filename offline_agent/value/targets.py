@@ -5,7 +5,7 @@ for it: a terminal child's reward (exact: the env scored the episode's end), a v
 child's realized_sum / visits (a Monte Carlo mean of that many returns, so weighted by its
 visit count). Realized: each return the policy's own playout earned, not the best listed
 ending search.finish backs up, which would teach the critic that going on is as good as the
-best ending reachable from there (docs/results.md, the finish-off run). An unvisited
+best ending reachable from there (docs/architecture.md). An unvisited
 non-terminal child has no return yet: no target. A terminal child weighs max(visits, 1): its
 value is known even when never selected.
 

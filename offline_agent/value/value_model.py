@@ -3,8 +3,7 @@ last token of the action (the end-of-turn token the policy emits to stop), read 
 first critic.layer_share of its decoder layers with the final norm applied, optionally with
 LoRA on the base (critic.lora_r; 0: the base stays frozen, only the head learns). The layers
 above are cut off: never run, never kept. On MiniShop a middle layer ranked item pages of a
-task by their buy reward better than the last (docs/results.md, "Which layer the critic
-reads").
+task by their buy reward better than the last (docs/architecture.md, "The learned critic").
 
 A state is read one of two ways (critic.state, `state_prompt`): as the policy saw it (the
 node's conversation: system prompt, demonstration, goal, every step so far), or as the goal and
