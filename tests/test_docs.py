@@ -19,7 +19,7 @@ PAGES = [ROOT / "README.md", ROOT / "benchmarks" / "README.md",
 # 7 to 40 hex digits, with at least one digit and one letter: a commit hash, not a number
 # (2511), a word (deadline, faced) or an exponent (1e-5)
 COMMIT = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
-SESSION = re.compile(r"\b(?:sessions?|issues?)\s+\d+", re.IGNORECASE)
+SESSION_OR_ISSUE = re.compile(r"\b(?:sessions?|issues?)\s+\d+", re.IGNORECASE)
 DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
 
 
@@ -38,7 +38,7 @@ def prose(text: str) -> list[tuple[int, str]]:
 def lab_log(text: str) -> list[str]:
     """Every commit hash, "session N", "issue N" and ISO date in the prose, as `line: match`."""
     return [f"{n}: {m.group(0)}" for n, line in prose(text)
-            for pattern in (COMMIT, SESSION, DATE) for m in pattern.finditer(line)]
+            for pattern in (COMMIT, SESSION_OR_ISSUE, DATE) for m in pattern.finditer(line)]
 
 
 def test_the_lab_log_pattern_finds_hashes_sessions_and_dates_but_not_numbers_or_code():
@@ -86,22 +86,22 @@ def section_names(page: str) -> list[str]:
     return [" ".join(s.split()) for s in heads + bold]
 
 
-def dangling(text: str, pages: dict[str, str]) -> list[str]:
-    """Every `docs/page.md, "Section"` whose page lacks a heading or bold lead-in starting
-    with that name."""
+def dangling(text: str, sections: dict[str, list[str]]) -> list[str]:
+    """Every `docs/page.md, "Section"` whose page (by its `section_names`) lacks a heading or
+    bold lead-in starting with that name."""
     return [f"{page}: {name}" for page, raw in SECTION_REF.findall(text)
             for name in [" ".join(raw.split())]
-            if page not in pages or not any(s.startswith(name) for s in section_names(pages[page]))]
+            if not any(s.startswith(name) for s in sections.get(page, []))]
 
 
 def test_a_section_cited_by_name_that_is_not_there_is_found():
-    pages = {"a.md": "# Title\n## The learned critic (stage)\n**Ending targets** (x)\n"}
+    pages = {"a.md": section_names("# Title\n## The learned critic (stage)\n**Ending targets** (x)\n")}
     text = ('see docs/a.md, "The learned critic", docs/a.md ("Ending\n  targets"),\n'
             'docs/a.md, "Which layer the critic reads", docs/b.md, "Anything"')
     assert dangling(text, pages) == ["a.md: Which layer the critic reads", "b.md: Anything"]
 
 
 def test_sections_cited_by_name_exist():
-    pages = {p.name: p.read_text() for p in (ROOT / "docs").glob("*.md")}
-    found = [f"{f.relative_to(ROOT)} -> {d}" for f in CITING for d in dangling(f.read_text(), pages)]
+    sections = {p.name: section_names(p.read_text()) for p in (ROOT / "docs").glob("*.md")}
+    found = [f"{f.relative_to(ROOT)} -> {d}" for f in CITING for d in dangling(f.read_text(), sections)]
     assert found == []
