@@ -31,6 +31,7 @@ from offline_agent.evaluation import (
     summarize,
 )
 from offline_agent.search.concordance import concordance
+from offline_agent.training.config import POLICIES
 from pipelines.artifacts import CONCORDANCE, FROZEN, HELD_OUT, trained_policies
 from pipelines.diagnostics import diagnose
 from pipelines.report_html import render
@@ -108,23 +109,21 @@ def test_episodes(store: Store) -> dict[tuple[str, str], list[Episode]]:
 
 
 # the paired tests beside "each policy vs base": the paper's central claim, step-level DPO
-# against outcome DPO (each round's, when both were trained)
+# against outcome DPO (each round's, when both were trained), then what each later round
+# adds: every trained policy of round r against its own round r-1
 CLAIMS = (("dpo_step", "dpo_outcome"),)
 
 
 def comparisons(store: Store, cfg: EvalConfig) -> list[dict]:
-    """Each CLAIMS pair both of whose policies were evaluated (greedy, any round): the first
-    minus the second on the tasks both played, as `compare` gives it (paired intervals,
-    wins, losses, McNemar's p, eval.configs_tried)."""
+    """Each of those pairs both of whose policies were evaluated (greedy): the first minus
+    the second on the tasks both played, as `compare` gives it (paired intervals, wins,
+    losses, McNemar's p, eval.configs_tried)."""
     runs = test_episodes(store)
-    out = []
-    for r in stored_rounds(lambda s: store.final_checkpoints(s), "train") or [1]:
-        for a, b in CLAIMS:
-            a, b = round_name(a, r), round_name(b, r)
-            if (a, MODE) in runs and (b, MODE) in runs:
-                out.append({"policy": a, "against": b,
-                            **compare(runs[a, MODE], runs[b, MODE], cfg)})
-    return out
+    rounds = stored_rounds(lambda s: store.final_checkpoints(s), "train") or [1]
+    pairs = [(round_name(a, r), round_name(b, r)) for r in rounds for a, b in CLAIMS]
+    pairs += [(round_name(p, r), round_name(p, r - 1)) for r in rounds[1:] for p in POLICIES]
+    return [{"policy": a, "against": b, **compare(runs[a, MODE], runs[b, MODE], cfg)}
+            for a, b in pairs if (a, MODE) in runs and (b, MODE) in runs]
 
 
 def checkpoint_selection(store: Store) -> dict[str, dict]:

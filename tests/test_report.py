@@ -132,6 +132,24 @@ def test_paired_tests_and_validation_episodes_kept_out_of_the_test_table(run_dir
     assert "<td>dpo_outcome</td><td>40</td><td>+20.0% [" in html  # the paired-test row
 
 
+def test_a_second_round_is_compared_with_the_first_policy_by_policy(run_dir):
+    """Round 2's policies each against their own round 1 (beside round 2's step vs outcome
+    claim); a round-2 policy whose round-1 self was never evaluated gets no comparison."""
+    with Store(run_dir / "store.duckdb") as store:
+        for policy in ("dpo_step", "dpo_outcome"):
+            store.set_checkpoint("train@2", "", f"{policy}/final", {"folder": "y", "step": 5})
+        store.insert_eval_episodes(episodes("dpo_step@2", set(range(0, N, 2)) | {1, 3}), "eval@2")
+        store.insert_eval_episodes(episodes("dpo_outcome@2", set(range(0, N, 2))), "eval@2")
+        report = build_report(store, EvalConfig(bootstrap=500))
+    tests = {(c["policy"], c["against"]): c for c in report["comparisons"]}
+    assert list(tests) == [("dpo_step@2", "dpo_outcome@2"), ("dpo_step@2", "dpo_step")]
+    assert (tests["dpo_step@2", "dpo_outcome@2"]["wins"], tests["dpo_step@2", "dpo_outcome@2"]
+            ["losses"]) == (2, 0)
+    again = tests["dpo_step@2", "dpo_step"]  # round 1's dpo_step solves the even tasks too
+    assert (again["wins"], again["losses"], again["success_rate"]) == (2, 0, 0.05)
+    assert ["dpo_step@2", "dpo_step"] in [row[:2] for row in paired_test_rows(report)]
+
+
 def test_the_checkpoint_selection_is_shown_with_its_reason(run_dir):
     candidates = [{"step": s, "folder": f"c/{s}", "policy": f"rft/step-{s}", "n_tasks": 4,
                    "success_rate": r, "mean_reward": 0.5} for s, r in ((2, 0.5), (4, 0.25))]
