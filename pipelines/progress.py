@@ -22,6 +22,26 @@ class Progress:
         self.path = Path(run_dir) / FILENAME
         self.state: dict[str, Any] = {"stage": None, "shard": "", "status": "starting",
                                       "counters": {}}
+        try:  # what the run before this one last wrote: a killed run's stage and its times
+            self.found = read_progress(run_dir)
+        except ProgressError:
+            self.found = None
+
+    def killed_seconds(self, stage: str, shard: str) -> float:
+        """How long the attempt at `stage` (and `shard`) that the file this run found shows
+        still running had run when its process last wrote: the time spent by an attempt that
+        was killed, which the store cannot know (it never saw the attempt end). 0 when that
+        file is about anything else."""
+        found = self.found or {}
+        if (found.get("stage"), found.get("shard", ""), found.get("status")) != (
+                stage, shard, "running"):
+            return 0.0
+        try:
+            ran = datetime.fromisoformat(found["updated_at"]) - datetime.fromisoformat(
+                found["started_at"])
+        except (KeyError, TypeError, ValueError):  # no start, or one of another form
+            return 0.0
+        return max(ran.total_seconds(), 0.0)
 
     def start(self, stage: str, shard: str) -> None:
         """A stage begins: counters reset, and its start kept so `status` can say how long

@@ -140,7 +140,7 @@ def episode_transcripts(store: Store) -> dict[str, dict]:
 
 
 def stage_rows(store: Store) -> list[dict]:
-    """Each stage (and shard) with its status, seconds of its last attempt and stats; the
+    """Each stage (and shard) with its status, seconds (all its attempts') and stats; the
     `report` stage is left out, since the report it would list is the one it is writing."""
     rows = []
     for r in (r for r in store.stages() if r.stage != "report"):

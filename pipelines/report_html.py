@@ -299,7 +299,7 @@ def _stages(stages: list[dict]) -> str:
         return _missing("No stage has run.")
     rows = [[r["stage"] + (f" [{r['shard']}]" if r["shard"] else ""), r["status"],
              "-" if r["seconds"] is None else f"{r['seconds']:.1f}"] for r in stages]
-    return _table(["stage", "status", "seconds (last attempt)"], rows)
+    return _table(["stage", "status", "seconds"], rows)
 
 
 def _config(config: dict | None) -> str:

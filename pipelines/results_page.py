@@ -156,7 +156,7 @@ def checkpoints(exp: dict) -> str:
 
 def stages(exp: dict) -> str:
     """Every stage of the run's pipeline in order, from its config's run.iterations (but
-    `report`, pipelines/report.py): status and seconds of its last attempt, or `not run yet`,
+    `report`, pipelines/report.py): status and seconds over its attempts, or `not run yet`,
     so a page copied out of a run still going shows what it has still to do."""
     rows = exp["report"].get("stages", [])
     if not rows:

@@ -36,7 +36,7 @@ from pipelines.errors import RunError
 from pipelines.headlines import headline
 from pipelines.progress import Progress
 from pipelines.tracking import Tracker, TrackerError, open_tracker
-from storage import MetricRow, Store
+from storage import MetricRow, StageRow, Store
 
 
 def unsharded(cfg: RunConfig) -> str:
@@ -200,7 +200,8 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
             else f"resuming after {'an' if row.status[0] in 'aeiou' else 'a'} {row.status} "
             "attempt" if row else "running")
     print(f"stage {label}: {verb}", flush=True)
-    store.start_stage(stage.name, shard, stage.hash(cfg), stage.hashed(cfg))
+    store.start_stage(stage.name, shard, stage.hash(cfg), stage.hashed(cfg),
+                      _earlier_seconds(row, progress))
     progress.start(stage.name, shard)
     ctx = StageContext(cfg, run_dir, store, progress, stage.name, shard, stage.round, tracker)
     start = time.perf_counter()
@@ -225,6 +226,17 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
     tracker.log_stats(stage.name, stage.round, stats)
     print(f"stage {label}: done in {seconds:.1f}s: {headline(stage.name, stats)}", flush=True)
     return {"status": "done", "stats": stats, "seconds": seconds}
+
+
+def _earlier_seconds(row: StageRow | None, progress: Progress) -> float:
+    """The seconds of a stage's attempts before this one: 0 unless it is resumed (its row is
+    not done). An attempt that ended (failed, interrupted) says how long it took; one whose
+    process was killed ran until its last progress write."""
+    if row is None or row.status == "done":
+        return 0.0
+    if row.seconds is not None:
+        return row.seconds
+    return row.earlier_seconds + progress.killed_seconds(row.stage, row.shard)
 
 
 def _changed(stored: dict | None, cfg: RunConfig, stage: Stage) -> bool:

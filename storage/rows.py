@@ -161,7 +161,7 @@ class EvalEpisodeRow(Row):
 
 @dataclass(frozen=True)
 class StageRow(Row):
-    """A stage's (and shard's) last attempt, as the runner records it (Store.start_stage,
+    """A stage's (and shard's) attempts, as the runner records them (Store.start_stage,
     mark_stage_done, fail_stage); read-only, so unlike the rows above it has every column."""
 
     TABLE: ClassVar[str] = "stages"
@@ -171,13 +171,14 @@ class StageRow(Row):
     config_hash: str
     config: dict  # the config sections the hash covers, for diffs
     stats: dict | None
-    started_at: datetime
+    started_at: datetime  # the last attempt's
     finished_at: datetime | None
+    earlier_seconds: float  # the attempts before it, when the stage was resumed
 
     @property
     def seconds(self) -> float | None:
-        """How long the last attempt took; None while it has not finished."""
-        return ((self.finished_at - self.started_at).total_seconds()
+        """How long the stage took, over all its attempts; None while one is running."""
+        return (self.earlier_seconds + (self.finished_at - self.started_at).total_seconds()
                 if self.finished_at else None)
 
 

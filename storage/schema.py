@@ -172,7 +172,11 @@ V7 = ["ALTER TABLE nodes DROP COLUMN pickled_snapshot"]
 V8 = ["ALTER TABLE nodes ADD COLUMN realized_sum DOUBLE DEFAULT 0",
       "UPDATE nodes SET realized_sum = value_sum"]
 
-MIGRATIONS: list[list[str]] = [V1, V2, V3, V4, V5, V6, V7, V8]
+# stages: the seconds of a stage's earlier attempts (a resumed stage's time is all of its
+# attempts', not only the last one's); 0 for stages stored before it
+V9 = ["ALTER TABLE stages ADD COLUMN earlier_seconds DOUBLE NOT NULL DEFAULT 0"]
+
+MIGRATIONS: list[list[str]] = [V1, V2, V3, V4, V5, V6, V7, V8, V9]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # schema versions whose nodes may hold pickled env snapshots, and the column holding them
@@ -199,6 +203,7 @@ BASELINE = {
         stats JSON,
         started_at TIMESTAMP NOT NULL DEFAULT current_localtimestamp(),
         finished_at TIMESTAMP,
+        earlier_seconds DOUBLE NOT NULL DEFAULT 0,  -- earlier attempts' (a resumed stage)
         PRIMARY KEY (stage, shard))""",
     "checkpoints": """CREATE TABLE checkpoints (
         stage VARCHAR NOT NULL,

@@ -330,13 +330,17 @@ class Store:
         rows = self._read(StageRow, f"SELECT * FROM stages {clause}", params)
         return rows[0] if rows else None
 
-    def start_stage(self, stage: str, shard: str, config_hash: str, config: dict) -> None:
+    def start_stage(self, stage: str, shard: str, config_hash: str, config: dict,
+                    earlier_seconds: float = 0.0) -> None:
+        """Record an attempt starting now; `earlier_seconds`: those of the attempts it
+        resumes (0 for a fresh start), counted in the stage's seconds."""
         self._sql(
-            "INSERT INTO stages (stage, shard, status, config_hash, config) "
-            "VALUES (?, ?, 'running', ?, ?) ON CONFLICT (stage, shard) DO UPDATE SET "
+            "INSERT INTO stages (stage, shard, status, config_hash, config, earlier_seconds) "
+            "VALUES (?, ?, 'running', ?, ?, ?) ON CONFLICT (stage, shard) DO UPDATE SET "
             "status = 'running', config_hash = excluded.config_hash, config = excluded.config, "
-            f"stats = NULL, started_at = {_NOW}, finished_at = NULL",
-            [stage, shard, config_hash, json.dumps(config)],
+            f"stats = NULL, started_at = {_NOW}, finished_at = NULL, "
+            "earlier_seconds = excluded.earlier_seconds",
+            [stage, shard, config_hash, json.dumps(config), earlier_seconds],
         )
 
     def mark_stage_done(self, stage: str, shard: str, stats: dict) -> None:

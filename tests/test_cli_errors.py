@@ -5,6 +5,7 @@ asked to: files that are not stores, another program's DuckDB file, a broken pro
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -107,6 +108,31 @@ def test_broken_progress_file_is_named(tmp_path, text, says):
     (tmp_path / "progress.json").write_text(text)
     with pytest.raises(ProgressError, match=says):
         read_progress(tmp_path)
+
+
+@pytest.mark.parametrize("found, seconds", [
+    ({"stage": "search", "shard": "0/1", "status": "running"}, 90.0),  # the killed attempt
+    ({"stage": "search", "shard": "1/2", "status": "running"}, 0.0),  # another shard's
+    ({"stage": "train", "shard": "0/1", "status": "running"}, 0.0),
+    ({"stage": "search", "shard": "0/1", "status": "failed"}, 0.0),  # the store has its end
+    ({"stage": "search", "shard": "0/1", "status": "running", "started_at": "soon"}, 0.0),
+    ({"stage": "search", "shard": "0/1", "status": "running", "started_at": None}, 0.0),
+    ({"stage": "search", "shard": "0/1", "status": "running",
+      "started_at": "2026-01-01T10:00:00"}, 0.0),  # without a zone: not comparable
+])
+def test_a_killed_attempts_seconds_come_from_the_progress_file_only_when_it_is_about_it(
+        tmp_path, found, seconds):
+    """What the run found in progress.json: a killed attempt ran from its start to its last
+    write; a file about anything else, or with a start in another form, counts nothing."""
+    state = {"started_at": "2026-01-01T10:00:00+00:00", **found,
+             "updated_at": "2026-01-01T10:01:30+00:00", "pid": 1, "counters": {}}
+    (tmp_path / "progress.json").write_text(json.dumps(state))
+    assert Progress(tmp_path).killed_seconds("search", "0/1") == seconds
+
+
+def test_a_broken_progress_file_counts_no_earlier_seconds(tmp_path):
+    (tmp_path / "progress.json").write_text('{"stage": "search", "sta')
+    assert Progress(tmp_path).killed_seconds("search", "") == 0.0
 
 
 def test_status_says_progress_json_is_truncated_while_a_run_holds_the_store(tmp_path, capsys):

@@ -4,6 +4,10 @@ failure, until/only, and the real `tasks` stage on a tiny fake env."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -126,6 +130,38 @@ def test_failure_is_recorded_and_resumed(tmp_path, capsys):
     assert calls == ["b", "b", "c"]
     assert [v["status"] for v in out.values()] == ["skipped", "done", "done"]
     assert "stage b: resuming after a failed attempt" in capsys.readouterr().out
+
+
+def killed_after_a_second(ctx):
+    """A stage whose process dies (as under kill -9) a second into its attempt, having
+    written its progress: the store never sees the attempt end."""
+    time.sleep(1.0)
+    ctx.progress.update(trees_done=1)
+    os._exit(9)
+
+
+def test_a_resumed_stage_counts_its_earlier_attempts_seconds(tmp_path):
+    """A failed attempt's seconds come from its stage row, a killed one's from the progress
+    its process last wrote; both add to the attempt that finishes, and a fresh run (--force)
+    counts only its own."""
+    calls: list[str] = []
+    cfg = fake_cfg()
+    with pytest.raises(RuntimeError, match="b broke"):
+        run(cfg, tmp_path, counting_stages(calls, fail={"b"}))
+    with Store(tmp_path / "store.duckdb", read_only=True) as s:
+        failed = s.stage("b").seconds
+    script = (f"from tests.test_runner import *; run(fake_cfg(), {str(tmp_path)!r}, "
+              "[STAGES[0], Stage('b', ('run', 'search'), killed_after_a_second)])")
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert killed.returncode == 9, killed.stderr
+    run(cfg, tmp_path, counting_stages(calls))
+    with Store(tmp_path / "store.duckdb", read_only=True) as s:
+        row = s.stage("b")
+    assert failed + 1.0 <= row.earlier_seconds < failed + 30  # the killed attempt slept 1 s
+    assert row.seconds == row.earlier_seconds + (row.finished_at - row.started_at).total_seconds()
+    run(fake_cfg("run.seed=5"), tmp_path, counting_stages(calls), force=True)  # b anew
+    with Store(tmp_path / "store.duckdb", read_only=True) as s:
+        assert s.stage("b").earlier_seconds == 0.0 and s.stage("b").seconds < 1.0
 
 
 def test_until_only_and_shards(tmp_path):
