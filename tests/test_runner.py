@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -152,7 +153,8 @@ def test_a_resumed_stage_counts_its_earlier_attempts_seconds(tmp_path):
         failed = s.stage("b").seconds
     script = (f"from tests.test_runner import *; run(fake_cfg(), {str(tmp_path)!r}, "
               "[STAGES[0], Stage('b', ('run', 'search'), killed_after_a_second)])")
-    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=Path(__file__).parents[1])  # where `tests` imports from
     assert killed.returncode == 9, killed.stderr
     run(cfg, tmp_path, counting_stages(calls))
     with Store(tmp_path / "store.duckdb", read_only=True) as s:
