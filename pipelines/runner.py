@@ -200,8 +200,8 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
             else f"resuming after {'an' if row.status[0] in 'aeiou' else 'a'} {row.status} "
             "attempt" if row else "running")
     print(f"stage {label}: {verb}", flush=True)
-    store.start_stage(stage.name, shard, stage.hash(cfg), stage.hashed(cfg),
-                      _earlier_seconds(row, progress))
+    earlier = _earlier_seconds(row, progress)
+    store.start_stage(stage.name, shard, stage.hash(cfg), stage.hashed(cfg), earlier)
     progress.start(stage.name, shard)
     ctx = StageContext(cfg, run_dir, store, progress, stage.name, shard, stage.round, tracker)
     start = time.perf_counter()
@@ -224,7 +224,9 @@ def _run_stage(stage: Stage, cfg: RunConfig, run_dir: Path, store: Store, progre
     progress.status("done")
     progress.stages_done(_done_lines(store))
     tracker.log_stats(stage.name, stage.round, stats)
-    print(f"stage {label}: done in {seconds:.1f}s: {headline(stage.name, stats)}", flush=True)
+    before = f" (+{earlier:.1f}s in earlier attempts)" if earlier else ""
+    print(f"stage {label}: done in {seconds:.1f}s{before}: {headline(stage.name, stats)}",
+          flush=True)
     return {"status": "done", "stats": stats, "seconds": seconds}
 
 

@@ -141,7 +141,7 @@ def killed_after_a_second(ctx):
     os._exit(9)
 
 
-def test_a_resumed_stage_counts_its_earlier_attempts_seconds(tmp_path):
+def test_a_resumed_stage_counts_its_earlier_attempts_seconds(tmp_path, capsys):
     """A failed attempt's seconds come from its stage row, a killed one's from the progress
     its process last wrote; both add to the attempt that finishes, and a fresh run (--force)
     counts only its own."""
@@ -156,9 +156,11 @@ def test_a_resumed_stage_counts_its_earlier_attempts_seconds(tmp_path):
     killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             cwd=Path(__file__).parents[1])  # where `tests` imports from
     assert killed.returncode == 9, killed.stderr
+    capsys.readouterr()
     run(cfg, tmp_path, counting_stages(calls))
     with Store(tmp_path / "store.duckdb", read_only=True) as s:
         row = s.stage("b")
+    assert f"(+{row.earlier_seconds:.1f}s in earlier attempts)" in capsys.readouterr().out
     assert failed + 1.0 <= row.earlier_seconds < failed + 30  # the killed attempt slept 1 s
     assert row.seconds == row.earlier_seconds + (row.finished_at - row.started_at).total_seconds()
     run(fake_cfg("run.seed=5"), tmp_path, counting_stages(calls), force=True)  # b anew
