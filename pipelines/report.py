@@ -119,7 +119,7 @@ def comparisons(store: Store, cfg: EvalConfig) -> list[dict]:
     the second on the tasks both played, as `compare` gives it (paired intervals, wins,
     losses, McNemar's p, eval.configs_tried)."""
     runs = test_episodes(store)
-    rounds = stored_rounds(lambda s: store.final_checkpoints(s), "train") or [1]
+    rounds = stored_rounds(store.final_checkpoints, "train") or [1]
     pairs = [(round_name(a, r), round_name(b, r)) for r in rounds for a, b in CLAIMS]
     pairs += [(round_name(p, r), round_name(p, r - 1)) for r in rounds[1:] for p in POLICIES]
     return [{"policy": a, "against": b, **compare(runs[a, MODE], runs[b, MODE], cfg)}

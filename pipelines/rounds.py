@@ -10,7 +10,7 @@ Round k's model, the iterate of round k-1, and where it lives: pipelines/artifac
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 
 def round_name(name: str, r: int) -> str:
@@ -18,7 +18,7 @@ def round_name(name: str, r: int) -> str:
     return name if r == 1 else f"{name}@{r}"
 
 
-def stored_rounds(rows: Callable[[str], list], name: str) -> list[int]:
+def stored_rounds(rows: Callable[[str], Collection], name: str) -> list[int]:
     """The rounds r whose stage `name` left rows (rows(round_name(name, r)), e.g.
     store.trees and "search"), in order. Rounds run one after another (round r starts from
     round r-1's training), so the first round without rows ends the list."""
